@@ -1,0 +1,251 @@
+//! ACPI tables for a hardware-reduced ACPI platform: RSDP, XSDT, FADT, DSDT
+//! and MADT. They tell the guest how many CPUs it has (MADT), how to power off
+//! and reset (FADT sleep control/status and reset registers, `_S5_` in the
+//! DSDT), and where the pvpanic device is (DSDT, `QEMU0001`).
+
+use crate::aml;
+use crate::layout::{ACPI_END, ACPI_START, IOAPIC_ADDR, LAPIC_ADDR};
+
+const OEM_ID: &[u8; 6] = b"DOMUS ";
+const OEM_TABLE_ID: &[u8; 8] = b"DOMUSVMM";
+const CREATOR_ID: &[u8; 4] = b"DOMU";
+
+/// The platform's I/O ports the tables describe.
+#[derive(Clone, Copy, Debug)]
+pub struct AcpiConfig {
+    pub vcpus: u8,
+    pub sleep_control_port: u16,
+    pub sleep_status_port: u16,
+    pub reset_port: u16,
+    pub reset_value: u8,
+    pub pvpanic_port: u16,
+}
+
+/// The `SLP_TYP` value `_S5_` announces; the guest writes it to the sleep
+/// control register (bits 2..4, with `SLP_EN`, bit 5) to power off.
+pub const S5_SLEEP_TYPE: u8 = 5;
+
+/// Tables laid out from `ACPI_START`: `bytes[0]` is at `ACPI_START`, and the
+/// RSDP, which Linux finds by scanning 0xe0000..0x100000, comes first.
+pub struct AcpiTables {
+    pub bytes: Vec<u8>,
+    pub rsdp_addr: u64,
+}
+
+fn checksum(bytes: &[u8]) -> u8 {
+    bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b)).wrapping_neg()
+}
+
+fn sdt(signature: &[u8; 4], revision: u8, body: &[u8]) -> Vec<u8> {
+    let len = 36 + body.len();
+    let mut t = Vec::with_capacity(len);
+    t.extend_from_slice(signature);
+    t.extend_from_slice(&(len as u32).to_le_bytes());
+    t.push(revision);
+    t.push(0); // checksum, below
+    t.extend_from_slice(OEM_ID);
+    t.extend_from_slice(OEM_TABLE_ID);
+    t.extend_from_slice(&1u32.to_le_bytes());
+    t.extend_from_slice(CREATOR_ID);
+    t.extend_from_slice(&1u32.to_le_bytes());
+    t.extend_from_slice(body);
+    t[9] = checksum(&t);
+    t
+}
+
+/// A Generic Address Structure for a byte-wide I/O port.
+fn gas_io(port: u16) -> [u8; 12] {
+    let mut g = [0u8; 12];
+    g[0] = 1; // SystemIO
+    g[1] = 8; // bit width
+    g[3] = 1; // byte access
+    g[4..12].copy_from_slice(&u64::from(port).to_le_bytes());
+    g
+}
+
+fn fadt(cfg: &AcpiConfig, dsdt_addr: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 276 - 36];
+    let at = |off: usize| off - 36;
+    b[at(40)..at(44)].copy_from_slice(&(dsdt_addr as u32).to_le_bytes());
+    // IAPC_BOOT_ARCH: VGA not present, CMOS RTC not present; no 8042, no
+    // legacy devices.
+    b[at(109)..at(111)].copy_from_slice(&((1u16 << 2) | (1 << 5)).to_le_bytes());
+    // Flags: PWR_BUTTON and SLP_BUTTON absent, RESET_REG_SUP, HW_REDUCED_ACPI.
+    let flags: u32 = (1 << 4) | (1 << 5) | (1 << 10) | (1 << 20);
+    b[at(112)..at(116)].copy_from_slice(&flags.to_le_bytes());
+    b[at(116)..at(128)].copy_from_slice(&gas_io(cfg.reset_port));
+    b[at(128)] = cfg.reset_value;
+    b[at(131)] = 5; // FADT minor version: ACPI 6.5
+    b[at(140)..at(148)].copy_from_slice(&dsdt_addr.to_le_bytes());
+    b[at(244)..at(256)].copy_from_slice(&gas_io(cfg.sleep_control_port));
+    b[at(256)..at(268)].copy_from_slice(&gas_io(cfg.sleep_status_port));
+    b[at(268)..at(276)].copy_from_slice(b"DOMUSVMM");
+    sdt(b"FACP", 6, &b)
+}
+
+fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
+    let mut aml = aml::name(
+        "_S5",
+        aml::package(&[aml::integer(S5_SLEEP_TYPE.into()), aml::integer(0)]),
+    );
+    aml.extend(aml::scope(
+        "\\_SB",
+        &[aml::device(
+            "PEVT",
+            &[
+                aml::name("_HID", aml::string("QEMU0001")),
+                aml::name("_CRS", aml::io_resource(cfg.pvpanic_port, 1)),
+            ],
+        )],
+    ));
+    sdt(b"DSDT", 6, &aml)
+}
+
+fn madt(cfg: &AcpiConfig) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&LAPIC_ADDR.to_le_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes()); // PCAT_COMPAT: there is an 8259
+    for id in 0..cfg.vcpus {
+        // Processor Local APIC: uid, APIC id, enabled.
+        b.extend_from_slice(&[0, 8, id, id]);
+        b.extend_from_slice(&1u32.to_le_bytes());
+    }
+    // I/O APIC 0 at its usual address, GSI base 0.
+    b.extend_from_slice(&[1, 12, 0, 0]);
+    b.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    // Local APIC NMI on LINT1 of every processor.
+    b.extend_from_slice(&[4, 6, 0xff, 0, 0, 1]);
+    sdt(b"APIC", 5, &b)
+}
+
+fn align(v: &mut Vec<u8>, to: usize) {
+    v.resize(v.len().div_ceil(to) * to, 0);
+}
+
+/// Builds all tables. Panics only if they outgrow the ACPI area, which the
+/// vCPU limit (255) rules out.
+pub fn build(cfg: &AcpiConfig) -> AcpiTables {
+    let mut out = vec![0u8; 36]; // RSDP, filled in last
+    align(&mut out, 64);
+    let dsdt_off = out.len();
+    out.extend(dsdt(cfg));
+    align(&mut out, 16);
+    let fadt_off = out.len();
+    out.extend(fadt(cfg, ACPI_START + dsdt_off as u64));
+    align(&mut out, 16);
+    let madt_off = out.len();
+    out.extend(madt(cfg));
+    align(&mut out, 16);
+    let xsdt_off = out.len();
+    let mut entries = Vec::new();
+    for off in [fadt_off, madt_off] {
+        entries.extend_from_slice(&(ACPI_START + off as u64).to_le_bytes());
+    }
+    out.extend(sdt(b"XSDT", 1, &entries));
+    assert!(out.len() as u64 <= ACPI_END - ACPI_START, "ACPI tables too large");
+
+    let mut rsdp = [0u8; 36];
+    rsdp[0..8].copy_from_slice(b"RSD PTR ");
+    rsdp[9..15].copy_from_slice(OEM_ID);
+    rsdp[15] = 2; // ACPI 2.0+
+    rsdp[20..24].copy_from_slice(&36u32.to_le_bytes());
+    rsdp[24..32].copy_from_slice(&(ACPI_START + xsdt_off as u64).to_le_bytes());
+    rsdp[8] = checksum(&rsdp[..20]);
+    rsdp[32] = checksum(&rsdp);
+    out[..36].copy_from_slice(&rsdp);
+    AcpiTables {
+        bytes: out,
+        rsdp_addr: ACPI_START,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vcpus: u8) -> AcpiConfig {
+        AcpiConfig {
+            vcpus,
+            sleep_control_port: 0x600,
+            sleep_status_port: 0x601,
+            reset_port: 0x602,
+            reset_value: 1,
+            pvpanic_port: 0x505,
+        }
+    }
+
+    fn sum(b: &[u8]) -> u8 {
+        b.iter().fold(0u8, |a, x| a.wrapping_add(*x))
+    }
+
+    fn table_at(t: &AcpiTables, addr: u64) -> &[u8] {
+        let off = (addr - ACPI_START) as usize;
+        let len = u32::from_le_bytes(t.bytes[off + 4..off + 8].try_into().unwrap()) as usize;
+        &t.bytes[off..off + len]
+    }
+
+    #[test]
+    fn rsdp_checksums_and_points_to_xsdt() {
+        let t = build(&cfg(2));
+        assert_eq!(&t.bytes[0..8], b"RSD PTR ");
+        assert_eq!(sum(&t.bytes[..20]), 0);
+        assert_eq!(sum(&t.bytes[..36]), 0);
+        let xsdt = u64::from_le_bytes(t.bytes[24..32].try_into().unwrap());
+        assert_eq!(&table_at(&t, xsdt)[..4], b"XSDT");
+    }
+
+    #[test]
+    fn every_table_checksums_to_zero() {
+        let t = build(&cfg(4));
+        let xsdt = table_at(&t, u64::from_le_bytes(t.bytes[24..32].try_into().unwrap()));
+        assert_eq!(sum(xsdt), 0);
+        let mut sigs = Vec::new();
+        for e in xsdt[36..].chunks(8) {
+            let tab = table_at(&t, u64::from_le_bytes(e.try_into().unwrap()));
+            assert_eq!(sum(tab), 0, "{:?}", &tab[..4]);
+            sigs.push(tab[..4].to_vec());
+            if &tab[..4] == b"FACP" {
+                assert_eq!(tab.len(), 276);
+                let dsdt = u64::from_le_bytes(tab[140..148].try_into().unwrap());
+                let d = table_at(&t, dsdt);
+                assert_eq!(&d[..4], b"DSDT");
+                assert_eq!(sum(d), 0);
+            }
+        }
+        assert_eq!(sigs, vec![b"FACP".to_vec(), b"APIC".to_vec()]);
+    }
+
+    #[test]
+    fn madt_lists_exactly_the_vcpus() {
+        for n in [1u8, 2, 4, 255] {
+            let t = build(&cfg(n));
+            let xsdt = table_at(&t, u64::from_le_bytes(t.bytes[24..32].try_into().unwrap()));
+            let madt = table_at(&t, u64::from_le_bytes(xsdt[44..52].try_into().unwrap()));
+            let mut i = 44;
+            let mut cpus = 0;
+            while i < madt.len() {
+                if madt[i] == 0 {
+                    assert_eq!(madt[i + 3], cpus as u8, "APIC ids are 0..n");
+                    cpus += 1;
+                }
+                i += madt[i + 1] as usize;
+            }
+            assert_eq!(i, madt.len());
+            assert_eq!(cpus, n as usize);
+        }
+    }
+
+    #[test]
+    fn fadt_is_hardware_reduced_with_sleep_registers() {
+        let t = build(&cfg(1));
+        let xsdt = table_at(&t, u64::from_le_bytes(t.bytes[24..32].try_into().unwrap()));
+        let fadt = table_at(&t, u64::from_le_bytes(xsdt[36..44].try_into().unwrap()));
+        let flags = u32::from_le_bytes(fadt[112..116].try_into().unwrap());
+        assert_ne!(flags & (1 << 20), 0);
+        assert_eq!(&fadt[244..256], &gas_io(0x600));
+        assert_eq!(&fadt[256..268], &gas_io(0x601));
+        assert_eq!(&fadt[116..128], &gas_io(0x602));
+        assert_eq!(fadt[128], 1);
+    }
+}

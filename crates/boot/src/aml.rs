@@ -1,0 +1,188 @@
+//! A tiny ACPI Machine Language encoder: just what the DSDT needs (names,
+//! packages, devices, scopes, integers, strings and I/O resource templates).
+
+/// Encodes a PkgLength for `content` bytes that follow it; the encoded
+/// length counts the PkgLength bytes themselves (ACPI 6.4, 20.2.4).
+pub fn pkg_length(content: usize) -> Vec<u8> {
+    if content + 1 < 0x40 {
+        return vec![(content + 1) as u8];
+    }
+    for extra in 1..=3usize {
+        let total = content + 1 + extra;
+        if total < 1 << (4 + 8 * extra) {
+            let mut out = vec![((extra as u8) << 6) | (total & 0xf) as u8];
+            for i in 0..extra {
+                out.push((total >> (4 + 8 * i)) as u8);
+            }
+            return out;
+        }
+    }
+    panic!("AML package too large: {content} bytes");
+}
+
+/// A 4-character name segment, padded with '_'.
+pub fn name_seg(name: &str) -> [u8; 4] {
+    assert!(name.len() <= 4 && !name.is_empty(), "bad AML name segment {name:?}");
+    let mut seg = [b'_'; 4];
+    seg[..name.len()].copy_from_slice(name.as_bytes());
+    seg
+}
+
+/// A NameString: an optional root prefix `\` and one name segment.
+pub fn name_string(path: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let seg = match path.strip_prefix('\\') {
+        Some(rest) => {
+            out.push(b'\\');
+            rest
+        }
+        None => path,
+    };
+    out.extend_from_slice(&name_seg(seg));
+    out
+}
+
+pub fn integer(v: u64) -> Vec<u8> {
+    match v {
+        0 => vec![0x00],
+        1 => vec![0x01],
+        2..=0xff => vec![0x0a, v as u8],
+        0x100..=0xffff => {
+            let mut o = vec![0x0b];
+            o.extend_from_slice(&(v as u16).to_le_bytes());
+            o
+        }
+        0x1_0000..=0xffff_ffff => {
+            let mut o = vec![0x0c];
+            o.extend_from_slice(&(v as u32).to_le_bytes());
+            o
+        }
+        _ => {
+            let mut o = vec![0x0e];
+            o.extend_from_slice(&v.to_le_bytes());
+            o
+        }
+    }
+}
+
+pub fn string(s: &str) -> Vec<u8> {
+    let mut o = vec![0x0d];
+    o.extend_from_slice(s.as_bytes());
+    o.push(0);
+    o
+}
+
+/// `Name(path, value)`.
+pub fn name(path: &str, value: Vec<u8>) -> Vec<u8> {
+    let mut o = vec![0x08];
+    o.extend(name_string(path));
+    o.extend(value);
+    o
+}
+
+/// `Package() { elements }`.
+pub fn package(elements: &[Vec<u8>]) -> Vec<u8> {
+    let mut body = vec![elements.len() as u8];
+    for e in elements {
+        body.extend_from_slice(e);
+    }
+    let mut o = vec![0x12];
+    o.extend(pkg_length(body.len()));
+    o.extend(body);
+    o
+}
+
+fn named_block(opcode: &[u8], path: &str, children: &[Vec<u8>]) -> Vec<u8> {
+    let mut body = name_string(path);
+    for c in children {
+        body.extend_from_slice(c);
+    }
+    let mut o = opcode.to_vec();
+    o.extend(pkg_length(body.len()));
+    o.extend(body);
+    o
+}
+
+/// `Scope(path) { children }`.
+pub fn scope(path: &str, children: &[Vec<u8>]) -> Vec<u8> {
+    named_block(&[0x10], path, children)
+}
+
+/// `Device(name) { children }`.
+pub fn device(name: &str, children: &[Vec<u8>]) -> Vec<u8> {
+    named_block(&[0x5b, 0x82], name, children)
+}
+
+/// `ResourceTemplate() { IO(Decode16, port, port, 1, len) }` as a Buffer.
+pub fn io_resource(port: u16, len: u8) -> Vec<u8> {
+    let p = port.to_le_bytes();
+    let mut data = vec![0x47, 0x01, p[0], p[1], p[0], p[1], 0x01, len];
+    data.extend_from_slice(&[0x79, 0x00]); // end tag, checksum 0 = ignore
+    let mut body = integer(data.len() as u64);
+    body.extend(data);
+    let mut o = vec![0x11];
+    o.extend(pkg_length(body.len()));
+    o.extend(body);
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pkg_length_one_byte() {
+        assert_eq!(pkg_length(4), vec![5]);
+        assert_eq!(pkg_length(0x3e), vec![0x3f]);
+    }
+
+    #[test]
+    fn pkg_length_two_bytes() {
+        // 0x3f content bytes + 2 length bytes = 0x41.
+        assert_eq!(pkg_length(0x3f), vec![0x41, 0x04]);
+        assert_eq!(pkg_length(0x100), vec![0x42, 0x10]);
+    }
+
+    #[test]
+    fn pkg_length_three_bytes() {
+        let enc = pkg_length(0x1000);
+        assert_eq!(enc.len(), 3);
+        let total = (enc[0] as usize & 0xf) | (enc[1] as usize) << 4 | (enc[2] as usize) << 12;
+        assert_eq!(total, 0x1000 + 3);
+    }
+
+    #[test]
+    fn s5_package_matches_iasl() {
+        // iasl: Name (_S5, Package (0x02) { 0x05, Zero })
+        let got = name("_S5", package(&[integer(5), integer(0)]));
+        assert_eq!(got, vec![0x08, b'_', b'S', b'5', b'_', 0x12, 0x05, 0x02, 0x0a, 0x05, 0x00]);
+    }
+
+    #[test]
+    fn integers_use_the_smallest_encoding() {
+        assert_eq!(integer(0), vec![0]);
+        assert_eq!(integer(1), vec![1]);
+        assert_eq!(integer(0x505), vec![0x0b, 0x05, 0x05]);
+        assert_eq!(integer(0x1_0000), vec![0x0c, 0, 0, 1, 0]);
+        assert_eq!(integer(1 << 40)[0], 0x0e);
+    }
+
+    #[test]
+    fn io_resource_is_a_buffer_with_end_tag() {
+        let r = io_resource(0x505, 1);
+        assert_eq!(r, vec![0x11, 0x0d, 0x0a, 0x0a, 0x47, 1, 5, 5, 5, 5, 1, 1, 0x79, 0]);
+    }
+
+    #[test]
+    fn device_wraps_children() {
+        let d = device("PEVT", &[name("_HID", string("QEMU0001"))]);
+        assert_eq!(&d[..2], &[0x5b, 0x82]);
+        assert_eq!(d[2] as usize, d.len() - 2);
+        assert_eq!(&d[3..7], b"PEVT");
+    }
+
+    #[test]
+    fn root_scope_name() {
+        assert_eq!(name_string("\\_SB"), vec![b'\\', b'_', b'S', b'B', b'_']);
+    }
+}
