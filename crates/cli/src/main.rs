@@ -1,1 +1,183 @@
-fn main(){}
+//! `domus`: the command table. Each subcommand is a thin call into a crate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use domus_vmm::vm::{EXIT_BAD_INPUT, EXIT_VMM_ERROR};
+use domus_vmm::{Console, VmConfig};
+
+#[derive(Parser)]
+#[command(name = "domus", version, about = "Domus: isolated Linux domains on KVM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const RUN_AFTER_HELP: &str = "\
+Exit status:
+  0    the guest powered off (for example `poweroff -f`)
+  1    the VMM failed (KVM or host error)
+  2    bad input: options, kernel, initrd, vCPU count, memory size
+  3    the guest rebooted
+  4    the guest crashed: its kernel panicked (reported through pvpanic; with
+       panic=-1 it would otherwise reboot), or KVM could not run its code
+  130  ended from the console with Ctrl-A x
+
+On the console (--console stdout with a terminal on stdin), input goes to the
+guest; Ctrl-A x ends the domain, Ctrl-A Ctrl-A sends Ctrl-A.
+
+Example:
+  eval \"$(domus kit --print)\"
+  domus run --kernel \"$kernel\" --initrd \"$initrd\" --vcpus 2 --memory 512M \\
+      --cmdline 'console=ttyS0 quiet -- nproc'";
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot one domain in the foreground until its guest powers off, reboots or crashes.
+    #[command(after_help = RUN_AFTER_HELP)]
+    Run(RunArgs),
+    /// Build the default guest (kernel, initramfs, rootfs) from Debian's packages.
+    Kit(KitArgs),
+    /// Tell whether /dev/kvm runs guest kernel code at hardware speed (exit 0 if so).
+    #[command(name = "kvm-probe", hide = true)]
+    KvmProbe,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
+    #[arg(long, value_name = "PATH")]
+    kernel: PathBuf,
+    /// Initial ramdisk (cpio archive, compressed or not).
+    #[arg(long, value_name = "PATH")]
+    initrd: Option<PathBuf>,
+    /// Kernel command line; arguments after ` -- ` go to the guest's init.
+    #[arg(long, value_name = "STRING", default_value = "console=ttyS0 panic=-1")]
+    cmdline: String,
+    /// Number of virtual CPUs.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    vcpus: u32,
+    /// Guest memory: 256M, 1G, or plain MiB.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = domus_vmm::config::parse_size)]
+    memory: u64,
+    /// Where the serial console goes: stdout, file:PATH or none.
+    #[arg(long, value_name = "WHERE", default_value = "stdout")]
+    console: Console,
+}
+
+#[derive(clap::Args)]
+struct KitArgs {
+    /// Where to build and cache the kit [default: $XDG_CACHE_HOME/domus/kit]
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Print kernel=, vmlinux=, initrd= and rootfs= lines (building first if needed).
+    #[arg(long)]
+    print: bool,
+    /// Rebuild even if the inputs have not changed.
+    #[arg(long)]
+    force: bool,
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let cfg = VmConfig {
+        kernel: args.kernel,
+        initrd: args.initrd,
+        cmdline: args.cmdline,
+        vcpus: args.vcpus,
+        memory: args.memory,
+        console: args.console,
+    };
+    match domus_vmm::run(&cfg) {
+        Ok(reason) => {
+            if let domus_vmm::ExitReason::Crash(why) = &reason {
+                eprintln!("domus: guest crashed: {why}");
+            }
+            ExitCode::from(reason.code() as u8)
+        }
+        Err(e) => {
+            eprintln!("domus: {}", chain(&e));
+            ExitCode::from(if e.is_user_error() { EXIT_BAD_INPUT } else { EXIT_VMM_ERROR } as u8)
+        }
+    }
+}
+
+/// An error and its sources on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        src = c.source();
+    }
+    s
+}
+
+fn kit(args: KitArgs) -> ExitCode {
+    let dir = args.dir.unwrap_or_else(domus_kit::default_dir);
+    match domus_kit::build(&dir, args.force) {
+        Ok(kit) => {
+            if args.print {
+                print!("{}", kit.print());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("domus kit: {e:#}");
+            ExitCode::from(EXIT_VMM_ERROR as u8)
+        }
+    }
+}
+
+fn kvm_probe() -> ExitCode {
+    match domus_vmm::probe::probe() {
+        Ok(r) => {
+            let verdict = match (&r.failure, r.native()) {
+                (Some(f), _) => format!("cannot run kernel code ({f})"),
+                (None, true) => "hardware speed".to_string(),
+                (None, false) => "emulated".to_string(),
+            };
+            eprintln!(
+                "kvm-probe: ring-0 loop {:.2} ns/iteration: {verdict}",
+                r.ns_per_iteration
+            );
+            if r.native() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("kvm-probe: {}", chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return ExitCode::from(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+            }
+            // One line: clap's first, without its usage block.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("domus: {first} (see domus --help)");
+            return ExitCode::from(EXIT_BAD_INPUT as u8);
+        }
+    };
+    match cli.command {
+        Command::Run(a) => run(a),
+        Command::Kit(a) => kit(a),
+        Command::KvmProbe => kvm_probe(),
+    }
+}

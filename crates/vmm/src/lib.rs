@@ -1,1 +1,76 @@
+//! The Domus VMM: one domain in one process. [`config`] checks what the user
+//! asked for, [`vm`] builds the KVM VM, loads the kernel and runs vCPU threads
+//! until the guest powers off, resets or crashes, [`cpuid`] and [`vcpu`] set up
+//! the virtual CPUs, and [`probe`] tells whether /dev/kvm runs kernel code at
+//! hardware speed.
 
+pub mod config;
+pub mod console;
+pub mod cpuid;
+pub mod probe;
+pub mod vcpu;
+pub mod vm;
+
+pub use config::{Console, VmConfig};
+pub use vm::{run, ExitReason};
+
+/// Errors of the VMM. [`Error::is_user_error`] separates bad input (exit
+/// status 2) from failures of the host or of KVM.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(#[from] config::ConfigError),
+    #[error("cannot open /dev/kvm")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM API: {what}")]
+    Kvm {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("cannot allocate {0} MiB of guest memory")]
+    Memory(u64, #[source] vm_memory::mmap::FromRangesError),
+    #[error("kernel {path}: {source}")]
+    Kernel {
+        path: String,
+        #[source]
+        source: domus_boot::kernel::Error,
+    },
+    #[error("{0}")]
+    Layout(#[from] domus_boot::params::Error),
+    #[error("initrd {path}")]
+    Initrd {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing boot data into guest memory")]
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    #[error("console {path}")]
+    ConsoleFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(&'static str, #[source] std::io::Error),
+}
+
+impl Error {
+    pub fn is_user_error(&self) -> bool {
+        match self {
+            Error::Config(_)
+            | Error::Layout(_)
+            | Error::Kernel { .. }
+            | Error::Initrd { .. }
+            | Error::ConsoleFile { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+    move |source| Error::Kvm { what, source }
+}

@@ -1,0 +1,202 @@
+//! What `domus run` is asked to boot, and the checks that turn bad input into
+//! one clear error before anything is allocated.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use domus_boot::layout::MIN_MEMORY;
+
+/// Where the guest's serial console goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Console {
+    Stdout,
+    File(PathBuf),
+    None,
+}
+
+impl std::str::FromStr for Console {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stdout" => Ok(Console::Stdout),
+            "none" => Ok(Console::None),
+            _ => match s.strip_prefix("file:") {
+                Some(p) if !p.is_empty() => Ok(Console::File(PathBuf::from(p))),
+                _ => Err(format!("'{s}' is not stdout, none or file:PATH")),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub cmdline: String,
+    pub vcpus: u32,
+    /// Guest memory in bytes.
+    pub memory: u64,
+    pub console: Console,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{what} {path}: {reason}")]
+    File { what: &'static str, path: String, reason: String },
+    #[error("--vcpus must be at least 1")]
+    NoVcpus,
+    #[error("--vcpus {0} is more than this host's KVM allows ({1})")]
+    TooManyVcpus(u32, u32),
+    #[error("--memory {0} MiB is below the {min} MiB a kernel needs", min = MIN_MEMORY >> 20)]
+    TooLittleMemory(u64),
+    #[error("--memory {0} MiB is more than this host has ({1} MiB)")]
+    TooMuchMemory(u64, u64),
+}
+
+/// Parses a memory size: `256M`, `1G`, `512MiB`, `2048K`, or plain MiB (`512`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 256M, 1G, 512)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "m" | "mb" | "mib" => 20,
+        "k" | "kb" | "kib" => 10,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn check_file(what: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let err = |reason: String| ConfigError::File {
+        what,
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| err(io_reason(&e)))?;
+    if meta.is_dir() {
+        return Err(err("is a directory".into()));
+    }
+    File::open(path).map_err(|e| err(io_reason(&e)))?;
+    Ok(())
+}
+
+/// An io::Error as a short phrase without the "(os error N)" suffix.
+pub fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => {
+            let s = e.to_string();
+            s.split(" (os error").next().unwrap_or(&s).to_string()
+        }
+    }
+}
+
+/// Host memory in bytes, from /proc/meminfo's MemTotal.
+pub fn host_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+impl VmConfig {
+    /// Checks everything that does not need KVM; `max_vcpus` comes from KVM.
+    pub fn validate(&self, max_vcpus: u32, host_memory: u64) -> Result<(), ConfigError> {
+        check_file("kernel", &self.kernel)?;
+        if let Some(i) = &self.initrd {
+            check_file("initrd", i)?;
+        }
+        if self.vcpus == 0 {
+            return Err(ConfigError::NoVcpus);
+        }
+        if self.vcpus > max_vcpus {
+            return Err(ConfigError::TooManyVcpus(self.vcpus, max_vcpus));
+        }
+        if self.memory < MIN_MEMORY {
+            return Err(ConfigError::TooLittleMemory(self.memory >> 20));
+        }
+        if self.memory > host_memory {
+            return Err(ConfigError::TooMuchMemory(self.memory >> 20, host_memory >> 20));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512"), Ok(512 << 20));
+        assert_eq!(parse_size("2048k"), Ok(2 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("64MB"), Ok(64 << 20));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert!(parse_size("1.5G").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("17179869184T").is_err());
+    }
+
+    #[test]
+    fn consoles() {
+        assert_eq!("stdout".parse(), Ok(Console::Stdout));
+        assert_eq!("none".parse(), Ok(Console::None));
+        assert_eq!("file:/tmp/x".parse(), Ok(Console::File("/tmp/x".into())));
+        assert!("file:".parse::<Console>().is_err());
+        assert!("tty".parse::<Console>().is_err());
+    }
+
+    fn cfg(kernel: &Path) -> VmConfig {
+        VmConfig {
+            kernel: kernel.to_path_buf(),
+            initrd: None,
+            cmdline: String::new(),
+            vcpus: 1,
+            memory: 256 << 20,
+            console: Console::None,
+        }
+    }
+
+    #[test]
+    fn validation() {
+        let exe = std::env::current_exe().unwrap();
+        let c = cfg(&exe);
+        assert_eq!(c.validate(4, 1 << 34), Ok(()));
+        let e = cfg(Path::new("/nonexistent/vmlinuz")).validate(4, 1 << 34).unwrap_err();
+        assert_eq!(e.to_string(), "kernel /nonexistent/vmlinuz: no such file");
+        let e = cfg(Path::new("/")).validate(4, 1 << 34).unwrap_err();
+        assert!(e.to_string().ends_with("is a directory"));
+        let mut c2 = c.clone();
+        c2.initrd = Some("/nonexistent/initrd".into());
+        assert!(c2.validate(4, 1 << 34).unwrap_err().to_string().starts_with("initrd "));
+        let mut c2 = c.clone();
+        c2.vcpus = 0;
+        assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::NoVcpus));
+        c2.vcpus = 5;
+        assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::TooManyVcpus(5, 4)));
+        let mut c2 = c.clone();
+        c2.memory = 32 << 20;
+        assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::TooLittleMemory(32)));
+        c2.memory = 1 << 35;
+        assert!(matches!(c2.validate(4, 1 << 34), Err(ConfigError::TooMuchMemory(32768, 16384))));
+    }
+
+    #[test]
+    fn host_memory_is_read() {
+        assert!(host_memory().unwrap() > 64 << 20);
+    }
+}

@@ -1,0 +1,139 @@
+//! The host side of the serial console: where guest output goes, and host
+//! input (stdin) fed to the guest, with the terminal in raw mode while the
+//! domain runs. `Ctrl-A x` ends the domain from the console.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use domus_devices::bus::lock;
+use domus_devices::serial::SerialDevice;
+
+use crate::config::Console;
+use crate::{Error, Result};
+
+/// Unbuffered writes to a file descriptor: the guest sees its bytes on the
+/// host as soon as it writes them to the UART.
+struct FdOut(File);
+
+impl Write for FdOut {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn output(console: &Console) -> Result<Box<dyn Write + Send>> {
+    Ok(match console {
+        Console::Stdout => {
+            let fd = std::io::stdout().as_fd_dup().map_err(|e| Error::Io("stdout", e))?;
+            Box::new(FdOut(fd))
+        }
+        Console::File(p) => Box::new(FdOut(File::create(p).map_err(|source| {
+            Error::ConsoleFile {
+                path: p.display().to_string(),
+                source,
+            }
+        })?)),
+        Console::None => Box::new(std::io::sink()),
+    })
+}
+
+trait DupFd {
+    fn as_fd_dup(&self) -> std::io::Result<File>;
+}
+
+impl DupFd for std::io::Stdout {
+    fn as_fd_dup(&self) -> std::io::Result<File> {
+        Ok(File::from(self.as_fd().try_clone_to_owned()?))
+    }
+}
+
+use std::os::fd::AsFd;
+
+/// Restores the terminal's settings when dropped.
+pub struct RawTerminal {
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    /// Puts stdin in raw mode if it is a terminal.
+    pub fn enter() -> Option<RawTerminal> {
+        let fd = std::io::stdin().as_raw_fd();
+        // SAFETY: isatty only inspects the descriptor.
+        if unsafe { libc::isatty(fd) } != 1 {
+            return None;
+        }
+        // SAFETY: termios is plain data; tcgetattr fills it and we check the result.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is a terminal and t is a valid termios to write.
+        if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
+            return None;
+        }
+        let saved = t;
+        // SAFETY: cfmakeraw edits the struct in place.
+        unsafe { libc::cfmakeraw(&mut t) };
+        // Keep output post-processing so the host's own messages stay readable.
+        t.c_oflag |= libc::OPOST;
+        // SAFETY: fd is a terminal; t is a valid termios.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &t) };
+        Some(RawTerminal { saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        // SAFETY: restores settings read from the same terminal.
+        unsafe { libc::tcsetattr(std::io::stdin().as_raw_fd(), libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Ctrl-A, the escape key of the console.
+const ESCAPE: u8 = 0x01;
+
+/// Feeds stdin to the serial device until EOF. Calls `quit` on `Ctrl-A x`.
+pub fn spawn_input(
+    serial: Arc<Mutex<SerialDevice>>,
+    quit: impl Fn() + Send + 'static,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("console-in".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin();
+            let mut buf = [0u8; 256];
+            let mut escaped = false;
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let mut data = Vec::with_capacity(n);
+                for &b in &buf[..n] {
+                    if escaped {
+                        escaped = false;
+                        match b {
+                            b'x' | b'X' => return quit(),
+                            ESCAPE => data.push(ESCAPE),
+                            _ => data.extend_from_slice(&[ESCAPE, b]),
+                        }
+                    } else if b == ESCAPE {
+                        escaped = true;
+                    } else {
+                        data.push(b);
+                    }
+                }
+                let mut rest = &data[..];
+                while !rest.is_empty() {
+                    let k = lock(&serial).enqueue_input(rest);
+                    rest = &rest[k..];
+                    if k == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
+            }
+        })
+        .map(|_| ())
+}

@@ -1,0 +1,129 @@
+//! CPUID for each vCPU: KVM's supported list (which carries the KVM
+//! paravirtual leaves: kvmclock, PV EOI, steal time, PV TLB flush, ...) with
+//! the topology made to match the domain: `n` single-threaded cores in one
+//! package, APIC id = vCPU index.
+
+use kvm_bindings::kvm_cpuid_entry2;
+
+/// Bits needed to hold `n - 1` (the width of the core id field of an APIC id).
+pub fn id_bits(n: u32) -> u32 {
+    if n <= 1 {
+        0
+    } else {
+        32 - (n - 1).leading_zeros()
+    }
+}
+
+const LEAF1_ECX_TSC_DEADLINE: u32 = 1 << 24;
+const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
+const LEAF1_EDX_HTT: u32 = 1 << 28;
+
+/// Rewrites the entries for vCPU `id` of `n`.
+pub fn patch(entries: &mut [kvm_cpuid_entry2], id: u32, n: u32, tsc_deadline: bool) {
+    let shift = id_bits(n);
+    for e in entries.iter_mut() {
+        match e.function {
+            1 => {
+                e.ebx = (id << 24) | ((n.min(255)) << 16) | (8 << 8) | (e.ebx & 0xff);
+                e.ecx |= LEAF1_ECX_HYPERVISOR;
+                if tsc_deadline {
+                    e.ecx |= LEAF1_ECX_TSC_DEADLINE;
+                }
+                if n > 1 {
+                    e.edx |= LEAF1_EDX_HTT;
+                } else {
+                    e.edx &= !LEAF1_EDX_HTT;
+                }
+            }
+            4 => {
+                // Cores per package - 1 in bits 31..26; caches shared by one core.
+                if e.eax & 0x1f != 0 {
+                    e.eax = (e.eax & 0x3ff) | ((n - 1).min(63) << 26);
+                }
+            }
+            0xb | 0x1f => {
+                e.edx = id;
+                match e.index {
+                    0 => {
+                        e.eax = 0;
+                        e.ebx = 1;
+                        e.ecx = 1 << 8;
+                    }
+                    1 => {
+                        e.eax = shift;
+                        e.ebx = n;
+                        e.ecx = (2 << 8) | 1;
+                    }
+                    i => {
+                        e.eax = 0;
+                        e.ebx = 0;
+                        e.ecx = i;
+                    }
+                }
+            }
+            0x8000_0008 => {
+                e.ecx = (e.ecx & !0xf0ff) | (shift << 12) | (n - 1).min(255);
+            }
+            0x8000_001e => {
+                e.eax = id;
+                e.ebx = id & 0xff;
+                e.ecx = 0;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(function: u32, index: u32) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn id_bits_values() {
+        assert_eq!(id_bits(1), 0);
+        assert_eq!(id_bits(2), 1);
+        assert_eq!(id_bits(3), 2);
+        assert_eq!(id_bits(4), 2);
+        assert_eq!(id_bits(5), 3);
+        assert_eq!(id_bits(255), 8);
+    }
+
+    #[test]
+    fn leaf1_has_apic_id_count_and_hypervisor_bit() {
+        let mut e = vec![entry(1, 0)];
+        patch(&mut e, 3, 4, true);
+        assert_eq!(e[0].ebx >> 24, 3);
+        assert_eq!((e[0].ebx >> 16) & 0xff, 4);
+        assert_ne!(e[0].ecx & LEAF1_ECX_HYPERVISOR, 0);
+        assert_ne!(e[0].ecx & LEAF1_ECX_TSC_DEADLINE, 0);
+        assert_ne!(e[0].edx & LEAF1_EDX_HTT, 0);
+        patch(&mut e, 0, 1, false);
+        assert_eq!(e[0].edx & LEAF1_EDX_HTT, 0);
+    }
+
+    #[test]
+    fn extended_topology_levels() {
+        let mut e = vec![entry(0xb, 0), entry(0xb, 1), entry(0xb, 2)];
+        patch(&mut e, 2, 4, false);
+        assert_eq!((e[0].eax, e[0].ebx, e[0].ecx, e[0].edx), (0, 1, 0x100, 2));
+        assert_eq!((e[1].eax, e[1].ebx, e[1].ecx, e[1].edx), (2, 4, 0x201, 2));
+        assert_eq!((e[2].ebx, e[2].ecx & 0xff00), (0, 0));
+    }
+
+    #[test]
+    fn amd_core_count() {
+        let mut e = vec![entry(0x8000_0008, 0), entry(0x8000_001e, 0)];
+        patch(&mut e, 1, 4, false);
+        assert_eq!(e[0].ecx & 0xff, 3);
+        assert_eq!((e[0].ecx >> 12) & 0xf, 2);
+        assert_eq!(e[1].eax, 1);
+    }
+}

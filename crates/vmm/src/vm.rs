@@ -1,0 +1,232 @@
+//! Building and running one domain.
+
+use std::fs::File;
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+
+use domus_boot::acpi::{self, AcpiConfig};
+use domus_boot::layout::{self, ACPI_START, CMDLINE_ADDR, KVM_TSS_ADDR, ZERO_PAGE_ADDR};
+use domus_boot::{kernel, longmode, params};
+use domus_devices::platform::{self, AcpiPm, PvPanic, ResetControl, I8042};
+use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
+use domus_devices::{GuestEvent, PioBus};
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::{host_memory, io_reason, ConfigError, VmConfig};
+use crate::console;
+use crate::cpuid;
+use crate::vcpu::{self, Stop};
+use crate::{kvm_err, Error, Result};
+
+/// How a domain ended. [`ExitReason::code`] is `domus run`'s exit status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitReason {
+    /// The guest powered off (ACPI S5).
+    PowerOff,
+    /// The guest rebooted.
+    Reset,
+    /// The guest kernel panicked (reported through pvpanic), or KVM could not
+    /// run its code.
+    Crash(String),
+    /// The user ended the domain from the console (`Ctrl-A x`).
+    Quit,
+}
+
+pub const EXIT_POWEROFF: i32 = 0;
+pub const EXIT_VMM_ERROR: i32 = 1;
+pub const EXIT_BAD_INPUT: i32 = 2;
+pub const EXIT_REBOOT: i32 = 3;
+pub const EXIT_CRASH: i32 = 4;
+pub const EXIT_QUIT: i32 = 130;
+
+impl ExitReason {
+    pub fn code(&self) -> i32 {
+        match self {
+            ExitReason::PowerOff => EXIT_POWEROFF,
+            ExitReason::Reset => EXIT_REBOOT,
+            ExitReason::Crash(_) => EXIT_CRASH,
+            ExitReason::Quit => EXIT_QUIT,
+        }
+    }
+}
+
+/// The most vCPUs a domain may have here: KVM's limit, and 255 because the
+/// MADT's local APIC ids are bytes (0xff is the broadcast id).
+pub fn max_vcpus(kvm: &Kvm) -> u32 {
+    (kvm.get_max_vcpus() as u32).min(255)
+}
+
+fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<()> {
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the mapping belongs to `mem`, which outlives the VM (both live
+        // until the process exits), and the slots do not overlap.
+        unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
+fn open_checked(what: &'static str, path: &std::path::Path) -> Result<File> {
+    File::open(path).map_err(|e| {
+        Error::Config(ConfigError::File {
+            what,
+            path: path.display().to_string(),
+            reason: io_reason(&e),
+        })
+    })
+}
+
+/// Boots the domain and blocks until it ends.
+pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
+    // Input checks that need no KVM come first, so bad input is reported as
+    // such even on a host without /dev/kvm.
+    let host_mem = host_memory().unwrap_or(u64::MAX);
+    let mut kernel_file = open_checked("kernel", &cfg.kernel)?;
+    kernel::probe(&mut kernel_file).map_err(|source| Error::Kernel {
+        path: cfg.kernel.display().to_string(),
+        source,
+    })?;
+    let cmdline = params::cmdline_bytes(&cfg.cmdline)?;
+    let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+    cfg.validate(max_vcpus(&kvm), host_mem)?;
+
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(KVM_TSS_ADDR as usize)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    })
+    .map_err(kvm_err("KVM_CREATE_PIT2"))?;
+
+    let ranges: Vec<(GuestAddress, usize)> = layout::ram_ranges(cfg.memory)
+        .into_iter()
+        .map(|(a, s)| (GuestAddress(a), s as usize))
+        .collect();
+    let mem = GuestMemoryMmap::from_ranges(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
+    register_memory(&vm, &mem)?;
+
+    // Kernel, initrd, command line, ACPI, zero page, long mode.
+    let k = kernel::load(&mem, &mut kernel_file).map_err(|source| Error::Kernel {
+        path: cfg.kernel.display().to_string(),
+        source,
+    })?;
+    let initrd = match &cfg.initrd {
+        Some(path) => {
+            let mut f = open_checked("initrd", path)?;
+            let ioerr = |source| Error::Initrd {
+                path: path.display().to_string(),
+                source,
+            };
+            let size = f.metadata().map_err(ioerr)?.len();
+            let addr_max = k.setup_header.map_or(0x7fff_ffff, |h| u64::from(h.initrd_addr_max));
+            let addr = params::initrd_addr(cfg.memory, k.footprint_end, size, addr_max)?;
+            mem.read_exact_volatile_from(GuestAddress(addr), &mut f, size as usize)
+                .map_err(|e| ioerr(std::io::Error::other(e.to_string())))?;
+            Some((addr, size))
+        }
+        None => None,
+    };
+    if initrd.is_none() && k.footprint_end > layout::low_ram_end(cfg.memory) {
+        return Err(params::Error::TooLittleMemory {
+            memory: cfg.memory >> 20,
+            needed: (k.footprint_end >> 20) + 16,
+        }
+        .into());
+    }
+    mem.write_slice(&cmdline, GuestAddress(CMDLINE_ADDR))?;
+    let tables = acpi::build(&AcpiConfig {
+        vcpus: cfg.vcpus as u8,
+        sleep_control_port: platform::ACPI_SLEEP_CONTROL,
+        sleep_status_port: platform::ACPI_SLEEP_STATUS,
+        reset_port: platform::ACPI_RESET,
+        reset_value: platform::ACPI_RESET_VALUE,
+        pvpanic_port: platform::PVPANIC_PORT,
+    });
+    mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
+    let zp = params::zero_page(&params::ZeroPage {
+        mem_bytes: cfg.memory,
+        cmdline_len: cmdline.len() - 1,
+        initrd,
+        setup_header: k.setup_header.as_ref(),
+        rsdp_addr: tables.rsdp_addr,
+    });
+    mem.write_obj(zp, GuestAddress(ZERO_PAGE_ADDR))?;
+    let segments = longmode::setup(&mem)?;
+
+    // Platform devices.
+    let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
+    vm.register_irqfd(&irq, COM1_IRQ).map_err(kvm_err("KVM_IRQFD"))?;
+    let serial = Arc::new(Mutex::new(SerialDevice::new(irq, console::output(&cfg.console)?)));
+    let mut bus = PioBus::new();
+    let s5 = acpi::S5_SLEEP_TYPE;
+    let overlap = |e: domus_devices::bus::Overlap| Error::Io("port bus", std::io::Error::other(e));
+    bus.insert(COM1_BASE, 8, serial.clone()).map_err(overlap)?;
+    bus.insert(platform::I8042_BASE, 5, Arc::new(Mutex::new(I8042))).map_err(overlap)?;
+    bus.insert(platform::ACPI_PM_BASE, 3, Arc::new(Mutex::new(AcpiPm::new(s5))))
+        .map_err(overlap)?;
+    bus.insert(platform::RESET_CONTROL, 1, Arc::new(Mutex::new(ResetControl::new())))
+        .map_err(overlap)?;
+    bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic))).map_err(overlap)?;
+
+    // vCPUs.
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
+    let (stop_tx, stop_rx) = channel();
+    let mut vcpus = Vec::new();
+    for id in 0..cfg.vcpus {
+        let vcpu = vm.create_vcpu(u64::from(id)).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        let mut c = supported.clone();
+        cpuid::patch(c.as_mut_slice(), id, cfg.vcpus, tsc_deadline);
+        vcpu::setup_common(&vcpu, &c)?;
+        if id == 0 {
+            vcpu::setup_boot_vcpu(&vcpu, &segments, k.entry)?;
+        }
+        vcpus.push(vcpu);
+    }
+    for (id, vcpu) in vcpus.into_iter().enumerate() {
+        let (bus, tx) = (bus.clone(), stop_tx.clone());
+        std::thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || vcpu::run_loop(vcpu, bus, tx))
+            .map_err(|e| Error::Io("spawning a vCPU thread", e))?;
+    }
+
+    let _raw = if cfg.console == crate::Console::Stdout {
+        let raw = console::RawTerminal::enter();
+        let tx = stop_tx.clone();
+        console::spawn_input(serial.clone(), move || {
+            let _ = tx.send(Stop::Quit);
+        })
+        .map_err(|e| Error::Io("spawning the console thread", e))?;
+        raw
+    } else {
+        None
+    };
+    drop(stop_tx);
+
+    let stop = stop_rx.recv().unwrap_or(Stop::Fault("all vCPU threads ended".into()));
+    domus_devices::bus::lock(&serial).flush();
+    // The VM, its memory and the vCPU threads go away with the process.
+    std::mem::forget(vm);
+    std::mem::forget(mem);
+    Ok(match stop {
+        Stop::Guest(GuestEvent::PowerOff) => ExitReason::PowerOff,
+        Stop::Guest(GuestEvent::Reset) => ExitReason::Reset,
+        Stop::Guest(GuestEvent::Panic) => ExitReason::Crash("the guest kernel panicked".into()),
+        Stop::Fault(why) => ExitReason::Crash(why),
+        Stop::Quit => ExitReason::Quit,
+    })
+}
