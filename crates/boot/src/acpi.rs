@@ -19,6 +19,9 @@ pub struct AcpiConfig {
     pub reset_port: u16,
     pub reset_value: u8,
     pub pvpanic_port: u16,
+    /// COM1's base port and ISA IRQ.
+    pub serial_port: u16,
+    pub serial_irq: u8,
 }
 
 /// The `SLP_TYP` value `_S5_` announces; the guest writes it to the sleep
@@ -33,7 +36,10 @@ pub struct AcpiTables {
 }
 
 fn checksum(bytes: &[u8]) -> u8 {
-    bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b)).wrapping_neg()
+    bytes
+        .iter()
+        .fold(0u8, |a, b| a.wrapping_add(*b))
+        .wrapping_neg()
 }
 
 fn sdt(signature: &[u8; 4], revision: u8, body: &[u8]) -> Vec<u8> {
@@ -88,15 +94,30 @@ fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
         "_S5",
         aml::package(&[aml::integer(S5_SLEEP_TYPE.into()), aml::integer(0)]),
     );
+    // A hardware-reduced platform has no legacy PIC, so Linux maps no ISA
+    // IRQs by itself: COM1's interrupt must come from its _CRS.
     aml.extend(aml::scope(
         "\\_SB",
-        &[aml::device(
-            "PEVT",
-            &[
-                aml::name("_HID", aml::string("QEMU0001")),
-                aml::name("_CRS", aml::io_resource(cfg.pvpanic_port, 1)),
-            ],
-        )],
+        &[
+            aml::device(
+                "COM1",
+                &[
+                    aml::name("_HID", aml::string("PNP0501")),
+                    aml::name("_UID", aml::integer(1)),
+                    aml::name(
+                        "_CRS",
+                        aml::resource_template(cfg.serial_port, 8, Some(cfg.serial_irq)),
+                    ),
+                ],
+            ),
+            aml::device(
+                "PEVT",
+                &[
+                    aml::name("_HID", aml::string("QEMU0001")),
+                    aml::name("_CRS", aml::io_resource(cfg.pvpanic_port, 1)),
+                ],
+            ),
+        ],
     ));
     sdt(b"DSDT", 6, &aml)
 }
@@ -143,7 +164,10 @@ pub fn build(cfg: &AcpiConfig) -> AcpiTables {
         entries.extend_from_slice(&(ACPI_START + off as u64).to_le_bytes());
     }
     out.extend(sdt(b"XSDT", 1, &entries));
-    assert!(out.len() as u64 <= ACPI_END - ACPI_START, "ACPI tables too large");
+    assert!(
+        out.len() as u64 <= ACPI_END - ACPI_START,
+        "ACPI tables too large"
+    );
 
     let mut rsdp = [0u8; 36];
     rsdp[0..8].copy_from_slice(b"RSD PTR ");
@@ -172,6 +196,8 @@ mod tests {
             reset_port: 0x602,
             reset_value: 1,
             pvpanic_port: 0x505,
+            serial_port: 0x3f8,
+            serial_irq: 4,
         }
     }
 

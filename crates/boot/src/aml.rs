@@ -22,7 +22,10 @@ pub fn pkg_length(content: usize) -> Vec<u8> {
 
 /// A 4-character name segment, padded with '_'.
 pub fn name_seg(name: &str) -> [u8; 4] {
-    assert!(name.len() <= 4 && !name.is_empty(), "bad AML name segment {name:?}");
+    assert!(
+        name.len() <= 4 && !name.is_empty(),
+        "bad AML name segment {name:?}"
+    );
     let mut seg = [b'_'; 4];
     seg[..name.len()].copy_from_slice(name.as_bytes());
     seg
@@ -115,8 +118,19 @@ pub fn device(name: &str, children: &[Vec<u8>]) -> Vec<u8> {
 
 /// `ResourceTemplate() { IO(Decode16, port, port, 1, len) }` as a Buffer.
 pub fn io_resource(port: u16, len: u8) -> Vec<u8> {
+    resource_template(port, len, None)
+}
+
+/// `ResourceTemplate() { IO(Decode16, port, port, 1, len) [IRQNoFlags() {irq}] }`:
+/// an I/O range and, optionally, an ISA interrupt (edge, active high).
+pub fn resource_template(port: u16, len: u8, irq: Option<u8>) -> Vec<u8> {
     let p = port.to_le_bytes();
     let mut data = vec![0x47, 0x01, p[0], p[1], p[0], p[1], 0x01, len];
+    if let Some(irq) = irq {
+        assert!(irq < 16, "ISA IRQ {irq}");
+        let mask = (1u16 << irq).to_le_bytes();
+        data.extend_from_slice(&[0x22, mask[0], mask[1]]);
+    }
     data.extend_from_slice(&[0x79, 0x00]); // end tag, checksum 0 = ignore
     let mut body = integer(data.len() as u64);
     body.extend(data);
@@ -155,7 +169,10 @@ mod tests {
     fn s5_package_matches_iasl() {
         // iasl: Name (_S5, Package (0x02) { 0x05, Zero })
         let got = name("_S5", package(&[integer(5), integer(0)]));
-        assert_eq!(got, vec![0x08, b'_', b'S', b'5', b'_', 0x12, 0x05, 0x02, 0x0a, 0x05, 0x00]);
+        assert_eq!(
+            got,
+            vec![0x08, b'_', b'S', b'5', b'_', 0x12, 0x05, 0x02, 0x0a, 0x05, 0x00]
+        );
     }
 
     #[test]
@@ -170,7 +187,19 @@ mod tests {
     #[test]
     fn io_resource_is_a_buffer_with_end_tag() {
         let r = io_resource(0x505, 1);
-        assert_eq!(r, vec![0x11, 0x0d, 0x0a, 0x0a, 0x47, 1, 5, 5, 5, 5, 1, 1, 0x79, 0]);
+        assert_eq!(
+            r,
+            vec![0x11, 0x0d, 0x0a, 0x0a, 0x47, 1, 5, 5, 5, 5, 1, 1, 0x79, 0]
+        );
+    }
+
+    #[test]
+    fn irq_descriptor_sets_the_mask_bit() {
+        let r = resource_template(0x3f8, 8, Some(4));
+        // Buffer(15) { IO..., IRQNoFlags {4}, EndTag }
+        assert_eq!(&r[..4], &[0x11, 0x10, 0x0a, 0x0d]);
+        assert_eq!(&r[12..15], &[0x22, 0x10, 0x00]);
+        assert_eq!(&r[15..], &[0x79, 0x00]);
     }
 
     #[test]

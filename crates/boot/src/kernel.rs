@@ -176,9 +176,15 @@ mod tests {
         h[0x206..0x208].copy_from_slice(&0x20fu16.to_le_bytes());
         h[0x236] = 1;
         std::fs::write(&p, &h).unwrap();
-        assert_eq!(probe(&mut File::open(&p).unwrap()).unwrap(), KernelFormat::BzImage);
+        assert_eq!(
+            probe(&mut File::open(&p).unwrap()).unwrap(),
+            KernelFormat::BzImage
+        );
         std::fs::write(&p, b"hello").unwrap();
-        assert!(matches!(probe(&mut File::open(&p).unwrap()), Err(Error::NotAKernel)));
+        assert!(matches!(
+            probe(&mut File::open(&p).unwrap()),
+            Err(Error::NotAKernel)
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

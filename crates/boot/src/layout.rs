@@ -79,7 +79,10 @@ mod tests {
         ];
         for (i, a) in areas.iter().enumerate() {
             for b in &areas[i + 1..] {
-                assert!(a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0, "{a:x?} overlaps {b:x?}");
+                assert!(
+                    a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0,
+                    "{a:x?} overlaps {b:x?}"
+                );
             }
             assert!(a.0 + a.1 <= EBDA_START || a.0 >= ACPI_START);
         }

@@ -4,7 +4,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
-use crate::layout::{GDT_ADDR, IDT_ADDR, PD_ADDR, PDPT_ADDR, PML4_ADDR};
+use crate::layout::{GDT_ADDR, IDT_ADDR, PDPT_ADDR, PD_ADDR, PML4_ADDR};
 
 /// A segment as the CPU caches it; the VMM turns it into `kvm_segment`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,9 +111,15 @@ mod tests {
     #[test]
     fn code_segment_is_64_bit() {
         let cs = segment(GDT[1], 1);
-        assert_eq!((cs.l, cs.db, cs.present, cs.s, cs.type_, cs.selector), (1, 0, 1, 1, 0xb, 8));
+        assert_eq!(
+            (cs.l, cs.db, cs.present, cs.s, cs.type_, cs.selector),
+            (1, 0, 1, 1, 0xb, 8)
+        );
         let ds = segment(GDT[2], 2);
-        assert_eq!((ds.l, ds.db, ds.type_, ds.selector, ds.limit), (0, 1, 3, 0x10, 0xfffff));
+        assert_eq!(
+            (ds.l, ds.db, ds.type_, ds.selector, ds.limit),
+            (0, 1, 3, 0x10, 0xfffff)
+        );
     }
 
     #[test]

@@ -2,9 +2,7 @@
 
 use linux_loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 
-use crate::layout::{
-    low_ram_end, ram_ranges, CMDLINE_ADDR, CMDLINE_MAX, EBDA_START, HIMEM_START,
-};
+use crate::layout::{low_ram_end, ram_ranges, CMDLINE_ADDR, CMDLINE_MAX, EBDA_START, HIMEM_START};
 
 pub const E820_RAM: u32 = 1;
 pub const E820_RESERVED: u32 = 2;
@@ -150,7 +148,10 @@ mod tests {
     #[test]
     fn cmdline_limits() {
         assert_eq!(cmdline_bytes("console=ttyS0").unwrap().last(), Some(&0));
-        assert_eq!(cmdline_bytes(&"x".repeat(2048)), Err(Error::CmdlineTooLong(2048)));
+        assert_eq!(
+            cmdline_bytes(&"x".repeat(2048)),
+            Err(Error::CmdlineTooLong(2048))
+        );
         assert!(cmdline_bytes(&"x".repeat(2047)).is_ok());
         assert_eq!(cmdline_bytes("a\0b"), Err(Error::CmdlineNul));
     }

@@ -8,7 +8,11 @@ use domus_vmm::vm::{EXIT_BAD_INPUT, EXIT_VMM_ERROR};
 use domus_vmm::{Console, VmConfig};
 
 #[derive(Parser)]
-#[command(name = "domus", version, about = "Domus: isolated Linux domains on KVM")]
+#[command(
+    name = "domus",
+    version,
+    about = "Domus: isolated Linux domains on KVM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -97,7 +101,11 @@ fn run(args: RunArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("domus: {}", chain(&e));
-            ExitCode::from(if e.is_user_error() { EXIT_BAD_INPUT } else { EXIT_VMM_ERROR } as u8)
+            ExitCode::from(if e.is_user_error() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_VMM_ERROR
+            } as u8)
         }
     }
 }
@@ -163,9 +171,20 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                return ExitCode::from(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+                return ExitCode::from(
+                    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                        2
+                    } else {
+                        0
+                    },
+                );
             }
             // One line: clap's first, without its usage block.
             let text = e.render().to_string();

@@ -29,7 +29,12 @@ impl PioBus {
         Self::default()
     }
 
-    pub fn insert(&mut self, base: u16, len: u16, dev: Arc<Mutex<dyn PioDevice>>) -> Result<(), Overlap> {
+    pub fn insert(
+        &mut self,
+        base: u16,
+        len: u16,
+        dev: Arc<Mutex<dyn PioDevice>>,
+    ) -> Result<(), Overlap> {
         let end = u32::from(base) + u32::from(len);
         if len == 0
             || end > 0x1_0000
@@ -89,7 +94,8 @@ mod tests {
     #[test]
     fn routes_by_range_and_offset() {
         let mut bus = PioBus::new();
-        bus.insert(0x10, 4, Arc::new(Mutex::new(Reg(0x40)))).unwrap();
+        bus.insert(0x10, 4, Arc::new(Mutex::new(Reg(0x40))))
+            .unwrap();
         let mut b = [0u8; 1];
         bus.read(0x12, &mut b);
         assert_eq!(b, [0x42]);

@@ -118,7 +118,10 @@ mod tests {
     #[test]
     fn acpi_s5_powers_off_only_with_slp_en_and_s5_type() {
         let mut pm = AcpiPm::new(5);
-        assert_eq!(pm.write(0, &[(5 << 2) | SLP_EN]), Some(GuestEvent::PowerOff));
+        assert_eq!(
+            pm.write(0, &[(5 << 2) | SLP_EN]),
+            Some(GuestEvent::PowerOff)
+        );
         assert_eq!(pm.write(0, &[5 << 2]), None, "SLP_EN clear");
         assert_eq!(pm.write(0, &[(3 << 2) | SLP_EN]), None, "S3 is not S5");
         assert_eq!(pm.write(2, &[ACPI_RESET_VALUE]), Some(GuestEvent::Reset));
@@ -150,7 +153,10 @@ mod tests {
         let mut b = [0u8];
         PvPanic.read(0, &mut b);
         assert_eq!(b[0] & PVPANIC_PANICKED, PVPANIC_PANICKED);
-        assert_eq!(PvPanic.write(0, &[PVPANIC_PANICKED]), Some(GuestEvent::Panic));
+        assert_eq!(
+            PvPanic.write(0, &[PVPANIC_PANICKED]),
+            Some(GuestEvent::Panic)
+        );
         assert_eq!(PvPanic.write(0, &[PVPANIC_CRASH_LOADED]), None);
     }
 }

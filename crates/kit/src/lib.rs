@@ -96,7 +96,9 @@ impl Kit {
 }
 
 fn shell_quote(s: &str) -> String {
-    if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+:,@".contains(&b)) {
+    if s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+:,@".contains(&b))
+    {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -148,9 +150,15 @@ fn kernel_package() -> Result<String> {
     let out = run(Command::new("apt-cache").args(["depends", KERNEL_META]))?;
     out.lines()
         .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .find(|p| p.starts_with("linux-image-") && p.as_bytes().get(12).is_some_and(u8::is_ascii_digit))
+        .find(|p| {
+            p.starts_with("linux-image-") && p.as_bytes().get(12).is_some_and(u8::is_ascii_digit)
+        })
         .map(str::to_string)
-        .ok_or_else(|| Error::Invalid(format!("apt-cache depends {KERNEL_META}: no versioned kernel package")))
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "apt-cache depends {KERNEL_META}: no versioned kernel package"
+            ))
+        })
 }
 
 fn package_version(pkg: &str) -> Result<String> {
@@ -174,7 +182,10 @@ pub fn build(dir: &Path, force: bool) -> Result<Kit> {
         fnv1a(INIT.as_bytes()),
     );
     let stamp_path = dir.join("kit.stamp");
-    if !force && kit.all_exist() && std::fs::read_to_string(&stamp_path).ok().as_deref() == Some(&stamp) {
+    if !force
+        && kit.all_exist()
+        && std::fs::read_to_string(&stamp_path).ok().as_deref() == Some(&stamp)
+    {
         eprintln!("domus kit: up to date in {}", dir.display());
         return Ok(kit);
     }
@@ -184,7 +195,10 @@ pub fn build(dir: &Path, force: bool) -> Result<Kit> {
     let _ = std::fs::remove_dir_all(&work);
     io("creating", &work, std::fs::create_dir_all(&work))?;
 
-    progress(2, &format!("downloading {kpkg} and {BUSYBOX} with apt-get download"));
+    progress(
+        2,
+        &format!("downloading {kpkg} and {BUSYBOX} with apt-get download"),
+    );
     let mut dl = Command::new("apt-get");
     dl.current_dir(&work).args(["download", "-q"]);
     // SAFETY: geteuid has no preconditions.
@@ -207,16 +221,28 @@ pub fn build(dir: &Path, force: bool) -> Result<Kit> {
     let bz_bytes = io("reading", &bz, std::fs::read(&bz))?;
     let elf = decompress_payload(&bz_bytes)?;
     io("writing", &kit.vmlinux, std::fs::write(&kit.vmlinux, elf))?;
-    io("writing", &kit.kernel, std::fs::write(&kit.kernel, &bz_bytes))?;
+    io(
+        "writing",
+        &kit.kernel,
+        std::fs::write(&kit.kernel, &bz_bytes),
+    )?;
 
     progress(4, "resolving modules");
     let mdir = root.join("lib/modules").join(&kver);
     run(Command::new("depmod").arg("-b").arg(&root).arg(&kver))?;
-    let dep = io("reading", &mdir, std::fs::read_to_string(mdir.join("modules.dep")))?;
+    let dep = io(
+        "reading",
+        &mdir,
+        std::fs::read_to_string(mdir.join("modules.dep")),
+    )?;
     let order = module_order(&dep, MODULES)?;
 
     progress(5, "writing the initramfs");
-    let busybox = io("reading busybox", &root, std::fs::read(root.join("bin/busybox")))?;
+    let busybox = io(
+        "reading busybox",
+        &root,
+        std::fs::read(root.join("bin/busybox")),
+    )?;
     let applets = run(Command::new(root.join("bin/busybox")).arg("--list-full"))?;
     let tree = GuestTree {
         busybox: &busybox,
@@ -237,7 +263,10 @@ pub fn build(dir: &Path, force: bool) -> Result<Kit> {
     })?;
     io("writing", &kit.initrd, std::fs::write(&kit.initrd, cpio))?;
 
-    progress(6, &format!("making the {ROOTFS_MIB} MiB ext4 root filesystem"));
+    progress(
+        6,
+        &format!("making the {ROOTFS_MIB} MiB ext4 root filesystem"),
+    );
     let rdir = work.join("rootfs");
     io("writing", &rdir, tree.write_dir(&rdir))?;
     let _ = std::fs::remove_file(&kit.rootfs);
@@ -258,8 +287,9 @@ fn basename(p: &str) -> &str {
 }
 
 fn fnv1a(b: &[u8]) -> u64 {
-    b.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x100_0000_01b3))
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Load order for `wanted` modules from a modules.dep text: every module after
@@ -268,10 +298,15 @@ pub fn module_order(dep: &str, wanted: &[&str]) -> Result<Vec<String>> {
     let mut deps = std::collections::HashMap::new();
     let mut by_name = std::collections::HashMap::new();
     for line in dep.lines() {
-        let Some((m, d)) = line.split_once(':') else { continue };
+        let Some((m, d)) = line.split_once(':') else {
+            continue;
+        };
         let name = basename(m).trim_end_matches(".ko").replace('-', "_");
         by_name.insert(name, m.to_string());
-        deps.insert(m.to_string(), d.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+        deps.insert(
+            m.to_string(),
+            d.split_whitespace().map(str::to_string).collect::<Vec<_>>(),
+        );
     }
     fn visit(
         m: &str,
@@ -314,8 +349,23 @@ struct GuestTree<'a> {
 }
 
 const DIRS: &[&str] = &[
-    "bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "etc/domus", "lib", "lib/modules", "proc",
-    "sys", "dev", "tmp", "run", "root", "mnt", "var",
+    "bin",
+    "sbin",
+    "usr",
+    "usr/bin",
+    "usr/sbin",
+    "etc",
+    "etc/domus",
+    "lib",
+    "lib/modules",
+    "proc",
+    "sys",
+    "dev",
+    "tmp",
+    "run",
+    "root",
+    "mnt",
+    "var",
 ];
 
 impl GuestTree<'_> {
@@ -430,10 +480,20 @@ kernel/drivers/char/hw_random/virtio-rng.ko: kernel/drivers/virtio/virtio.ko ker
     fn applet_links_point_at_busybox() {
         let t = GuestTree {
             busybox: b"",
-            applets: vec!["/bin/sh".into(), "/usr/sbin/chroot".into(), "/bin/busybox".into()],
+            applets: vec![
+                "/bin/sh".into(),
+                "/usr/sbin/chroot".into(),
+                "/bin/busybox".into(),
+            ],
             modules: vec![],
         };
         let l: Vec<_> = t.links().collect();
-        assert_eq!(l, vec![("bin/sh", "../bin/busybox".to_string()), ("usr/sbin/chroot", "../../bin/busybox".to_string())]);
+        assert_eq!(
+            l,
+            vec![
+                ("bin/sh", "../bin/busybox".to_string()),
+                ("usr/sbin/chroot", "../../bin/busybox".to_string())
+            ]
+        );
     }
 }

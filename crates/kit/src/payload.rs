@@ -25,7 +25,9 @@ pub fn payload(bz: &[u8]) -> Result<(&[u8], &'static str)> {
     let pm_start = (setup_sects + 1) * 512;
     let off = u32_at(bz, 0x248).ok_or_else(|| bad("truncated"))? as usize;
     let len = u32_at(bz, 0x24c).ok_or_else(|| bad("truncated"))? as usize;
-    let start = pm_start.checked_add(off).ok_or_else(|| bad("bad payload offset"))?;
+    let start = pm_start
+        .checked_add(off)
+        .ok_or_else(|| bad("bad payload offset"))?;
     let data = start
         .checked_add(len)
         .and_then(|end| bz.get(start..end))
@@ -54,7 +56,10 @@ pub fn decompress_payload(bz: &[u8]) -> Result<Vec<u8>> {
             cmd: format!("{tool} -d -c"),
             detail: format!("{e} (install {tool})"),
         })?;
-    let mut stdin = child.stdin.take().ok_or_else(|| Error::Invalid("no stdin".into()))?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| Error::Invalid("no stdin".into()))?;
     let owned = data.to_vec();
     let feeder = std::thread::spawn(move || stdin.write_all(&owned));
     let out = child.wait_with_output().map_err(|e| Error::Command {
@@ -99,7 +104,10 @@ mod tests {
     fn rejects_bad_images() {
         assert!(payload(b"short").is_err());
         let mut b = fake_bz(&[1, 2, 3]);
-        assert!(payload(&b).unwrap_err().to_string().contains("unknown payload"));
+        assert!(payload(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown payload"));
         b[0x24c..0x250].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
         assert!(payload(&b).unwrap_err().to_string().contains("outside"));
     }

@@ -43,7 +43,11 @@ pub struct VmConfig {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("{what} {path}: {reason}")]
-    File { what: &'static str, path: String, reason: String },
+    File {
+        what: &'static str,
+        path: String,
+        reason: String,
+    },
     #[error("--vcpus must be at least 1")]
     NoVcpus,
     #[error("--vcpus {0} is more than this host's KVM allows ({1})")]
@@ -124,7 +128,10 @@ impl VmConfig {
             return Err(ConfigError::TooLittleMemory(self.memory >> 20));
         }
         if self.memory > host_memory {
-            return Err(ConfigError::TooMuchMemory(self.memory >> 20, host_memory >> 20));
+            return Err(ConfigError::TooMuchMemory(
+                self.memory >> 20,
+                host_memory >> 20,
+            ));
         }
         Ok(())
     }
@@ -176,23 +183,38 @@ mod tests {
         let exe = std::env::current_exe().unwrap();
         let c = cfg(&exe);
         assert_eq!(c.validate(4, 1 << 34), Ok(()));
-        let e = cfg(Path::new("/nonexistent/vmlinuz")).validate(4, 1 << 34).unwrap_err();
+        let e = cfg(Path::new("/nonexistent/vmlinuz"))
+            .validate(4, 1 << 34)
+            .unwrap_err();
         assert_eq!(e.to_string(), "kernel /nonexistent/vmlinuz: no such file");
         let e = cfg(Path::new("/")).validate(4, 1 << 34).unwrap_err();
         assert!(e.to_string().ends_with("is a directory"));
         let mut c2 = c.clone();
         c2.initrd = Some("/nonexistent/initrd".into());
-        assert!(c2.validate(4, 1 << 34).unwrap_err().to_string().starts_with("initrd "));
+        assert!(c2
+            .validate(4, 1 << 34)
+            .unwrap_err()
+            .to_string()
+            .starts_with("initrd "));
         let mut c2 = c.clone();
         c2.vcpus = 0;
         assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::NoVcpus));
         c2.vcpus = 5;
-        assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::TooManyVcpus(5, 4)));
+        assert_eq!(
+            c2.validate(4, 1 << 34),
+            Err(ConfigError::TooManyVcpus(5, 4))
+        );
         let mut c2 = c.clone();
         c2.memory = 32 << 20;
-        assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::TooLittleMemory(32)));
+        assert_eq!(
+            c2.validate(4, 1 << 34),
+            Err(ConfigError::TooLittleMemory(32))
+        );
         c2.memory = 1 << 35;
-        assert!(matches!(c2.validate(4, 1 << 34), Err(ConfigError::TooMuchMemory(32768, 16384))));
+        assert!(matches!(
+            c2.validate(4, 1 << 34),
+            Err(ConfigError::TooMuchMemory(32768, 16384))
+        ));
     }
 
     #[test]

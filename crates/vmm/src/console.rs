@@ -29,7 +29,9 @@ impl Write for FdOut {
 pub fn output(console: &Console) -> Result<Box<dyn Write + Send>> {
     Ok(match console {
         Console::Stdout => {
-            let fd = std::io::stdout().as_fd_dup().map_err(|e| Error::Io("stdout", e))?;
+            let fd = std::io::stdout()
+                .as_fd_dup()
+                .map_err(|e| Error::Io("stdout", e))?;
             Box::new(FdOut(fd))
         }
         Console::File(p) => Box::new(FdOut(File::create(p).map_err(|source| {

@@ -136,7 +136,9 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &PioBus) -> Option<Stop> {
             kvm_bindings::KVM_SYSTEM_EVENT_RESET => Stop::Guest(GuestEvent::Reset),
             _ => Stop::Guest(GuestEvent::Panic),
         }),
-        VcpuExit::InternalError => Some(Stop::Fault("KVM internal error (emulation failure)".into())),
+        VcpuExit::InternalError => {
+            Some(Stop::Fault("KVM internal error (emulation failure)".into()))
+        }
         VcpuExit::FailEntry(reason, cpu) => Some(Stop::Fault(format!(
             "KVM could not enter the guest on CPU {cpu} (hardware reason {reason:#x})"
         ))),
@@ -178,8 +180,12 @@ mod tests {
     fn port_exits_reach_the_bus() {
         use std::sync::{Arc, Mutex};
         let mut bus = PioBus::new();
-        bus.insert(0x60, 5, Arc::new(Mutex::new(domus_devices::platform::I8042)))
-            .unwrap();
+        bus.insert(
+            0x60,
+            5,
+            Arc::new(Mutex::new(domus_devices::platform::I8042)),
+        )
+        .unwrap();
         assert_eq!(
             handle_exit(VcpuExit::IoOut(0x64, &[0xfe]), &bus),
             Some(Stop::Guest(GuestEvent::Reset))
@@ -187,7 +193,13 @@ mod tests {
         let mut d = [0u8; 1];
         assert_eq!(handle_exit(VcpuExit::IoIn(0x80, &mut d), &bus), None);
         assert_eq!(d, [0xff]);
-        assert_eq!(handle_exit(VcpuExit::Shutdown, &bus), Some(Stop::Guest(GuestEvent::Reset)));
-        assert!(matches!(handle_exit(VcpuExit::InternalError, &bus), Some(Stop::Fault(_))));
+        assert_eq!(
+            handle_exit(VcpuExit::Shutdown, &bus),
+            Some(Stop::Guest(GuestEvent::Reset))
+        );
+        assert!(matches!(
+            handle_exit(VcpuExit::InternalError, &bus),
+            Some(Stop::Fault(_))
+        ));
     }
 }

@@ -10,7 +10,9 @@ use domus_boot::{kernel, longmode, params};
 use domus_devices::platform::{self, AcpiPm, PvPanic, ResetControl, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -102,7 +104,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     vm.set_tss_address(KVM_TSS_ADDR as usize)
         .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    vm.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
     vm.create_pit2(kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
@@ -113,7 +116,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         .into_iter()
         .map(|(a, s)| (GuestAddress(a), s as usize))
         .collect();
-    let mem = GuestMemoryMmap::from_ranges(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
+    let mem =
+        GuestMemoryMmap::from_ranges(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
     register_memory(&vm, &mem)?;
 
     // Kernel, initrd, command line, ACPI, zero page, long mode.
@@ -129,7 +133,9 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
                 source,
             };
             let size = f.metadata().map_err(ioerr)?.len();
-            let addr_max = k.setup_header.map_or(0x7fff_ffff, |h| u64::from(h.initrd_addr_max));
+            let addr_max = k
+                .setup_header
+                .map_or(0x7fff_ffff, |h| u64::from(h.initrd_addr_max));
             let addr = params::initrd_addr(cfg.memory, k.footprint_end, size, addr_max)?;
             mem.read_exact_volatile_from(GuestAddress(addr), &mut f, size as usize)
                 .map_err(|e| ioerr(std::io::Error::other(e.to_string())))?;
@@ -152,6 +158,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         reset_port: platform::ACPI_RESET,
         reset_value: platform::ACPI_RESET_VALUE,
         pvpanic_port: platform::PVPANIC_PORT,
+        serial_port: COM1_BASE,
+        serial_irq: COM1_IRQ as u8,
     });
     mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
     let zp = params::zero_page(&params::ZeroPage {
@@ -166,18 +174,32 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
 
     // Platform devices.
     let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
-    vm.register_irqfd(&irq, COM1_IRQ).map_err(kvm_err("KVM_IRQFD"))?;
-    let serial = Arc::new(Mutex::new(SerialDevice::new(irq, console::output(&cfg.console)?)));
+    vm.register_irqfd(&irq, COM1_IRQ)
+        .map_err(kvm_err("KVM_IRQFD"))?;
+    let serial = Arc::new(Mutex::new(SerialDevice::new(
+        irq,
+        console::output(&cfg.console)?,
+    )));
     let mut bus = PioBus::new();
     let s5 = acpi::S5_SLEEP_TYPE;
     let overlap = |e: domus_devices::bus::Overlap| Error::Io("port bus", std::io::Error::other(e));
     bus.insert(COM1_BASE, 8, serial.clone()).map_err(overlap)?;
-    bus.insert(platform::I8042_BASE, 5, Arc::new(Mutex::new(I8042))).map_err(overlap)?;
-    bus.insert(platform::ACPI_PM_BASE, 3, Arc::new(Mutex::new(AcpiPm::new(s5))))
+    bus.insert(platform::I8042_BASE, 5, Arc::new(Mutex::new(I8042)))
         .map_err(overlap)?;
-    bus.insert(platform::RESET_CONTROL, 1, Arc::new(Mutex::new(ResetControl::new())))
+    bus.insert(
+        platform::ACPI_PM_BASE,
+        3,
+        Arc::new(Mutex::new(AcpiPm::new(s5))),
+    )
+    .map_err(overlap)?;
+    bus.insert(
+        platform::RESET_CONTROL,
+        1,
+        Arc::new(Mutex::new(ResetControl::new())),
+    )
+    .map_err(overlap)?;
+    bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic)))
         .map_err(overlap)?;
-    bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic))).map_err(overlap)?;
 
     // vCPUs.
     let supported = kvm
@@ -187,7 +209,9 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     let (stop_tx, stop_rx) = channel();
     let mut vcpus = Vec::new();
     for id in 0..cfg.vcpus {
-        let vcpu = vm.create_vcpu(u64::from(id)).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        let vcpu = vm
+            .create_vcpu(u64::from(id))
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
         let mut c = supported.clone();
         cpuid::patch(c.as_mut_slice(), id, cfg.vcpus, tsc_deadline);
         vcpu::setup_common(&vcpu, &c)?;
@@ -217,7 +241,9 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     };
     drop(stop_tx);
 
-    let stop = stop_rx.recv().unwrap_or(Stop::Fault("all vCPU threads ended".into()));
+    let stop = stop_rx
+        .recv()
+        .unwrap_or(Stop::Fault("all vCPU threads ended".into()));
     domus_devices::bus::lock(&serial).flush();
     // The VM, its memory and the vCPU threads go away with the process.
     std::mem::forget(vm);
