@@ -25,6 +25,12 @@ pub const EBDA_START: u64 = 0x9fc00;
 pub const ACPI_START: u64 = 0xe0000;
 pub const ACPI_END: u64 = 0x100000;
 pub const HIMEM_START: u64 = 0x100000;
+/// Where a CPU starts after reset (f000:fff0). Linux jumps here for a "BIOS"
+/// reboot, its last resort on a hardware-reduced ACPI platform without EFI.
+pub const RESET_VECTOR: u64 = 0xffff0;
+/// Real-mode code at the reset vector: `mov al, 0xfe; out 0x64, al` (the
+/// i8042 reset pulse), then `hlt` in a loop.
+pub const RESET_VECTOR_CODE: [u8; 7] = [0xb0, 0xfe, 0xe6, 0x64, 0xf4, 0xeb, 0xfd];
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
 pub const MMIO_GAP_END: u64 = 1 << 32;
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;

@@ -186,11 +186,16 @@ fn main() -> ExitCode {
                     },
                 );
             }
-            // One line: clap's first, without its usage block.
+            // One line: clap's message up to its usage block.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("domus: {first} (see domus --help)");
+            let msg: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let msg = msg.join(" ");
+            let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+            eprintln!("domus: {msg} (see domus --help)");
             return ExitCode::from(EXIT_BAD_INPUT as u8);
         }
     };

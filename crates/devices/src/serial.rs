@@ -59,9 +59,6 @@ impl PioDevice for SerialDevice {
     }
 
     fn write(&mut self, offset: u16, data: &[u8]) -> Option<GuestEvent> {
-        if std::env::var_os("DOMUS_DEBUG_SERIAL").is_some() && offset != 0 {
-            eprintln!("serial write off={offset} val={:#x}", data[0]);
-        }
         if offset < 8 {
             // A failed console write or interrupt is not the guest's fault
             // and must not stop it; the byte is dropped.

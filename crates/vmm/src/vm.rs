@@ -92,6 +92,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     // Input checks that need no KVM come first, so bad input is reported as
     // such even on a host without /dev/kvm.
     let host_mem = host_memory().unwrap_or(u64::MAX);
+    cfg.validate(u32::MAX, host_mem)?;
     let mut kernel_file = open_checked("kernel", &cfg.kernel)?;
     kernel::probe(&mut kernel_file).map_err(|source| Error::Kernel {
         path: cfg.kernel.display().to_string(),
@@ -162,6 +163,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         serial_irq: COM1_IRQ as u8,
     });
     mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
+    mem.write_slice(&layout::RESET_VECTOR_CODE, GuestAddress(layout::RESET_VECTOR))?;
     let zp = params::zero_page(&params::ZeroPage {
         mem_bytes: cfg.memory,
         cmdline_len: cmdline.len() - 1,
