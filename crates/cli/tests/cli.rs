@@ -11,7 +11,10 @@ fn domus(args: &[&str]) -> (i32, String) {
         .env("RUST_BACKTRACE", "1")
         .output()
         .expect("running domus");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn scratch(name: &str, data: &[u8]) -> PathBuf {
@@ -39,13 +42,22 @@ fn assert_bad_input(args: &[&str], expect: &str) {
     assert_eq!(code, 2, "exit status for {args:?}; stderr: {err}");
     assert_eq!(err.lines().count(), 1, "one line for {args:?}, got: {err}");
     assert!(err.starts_with("domus: "), "{err}");
-    assert!(err.contains(expect), "{args:?}: expected '{expect}' in: {err}");
-    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
+    assert!(
+        err.contains(expect),
+        "{args:?}: expected '{expect}' in: {err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_kernel() {
-    assert_bad_input(&["run", "--kernel", "/nonexistent/vmlinuz"], "kernel /nonexistent/vmlinuz: no such file");
+    assert_bad_input(
+        &["run", "--kernel", "/nonexistent/vmlinuz"],
+        "kernel /nonexistent/vmlinuz: no such file",
+    );
 }
 
 #[test]
@@ -56,64 +68,108 @@ fn unreadable_kernel() {
 #[test]
 fn not_a_kernel() {
     let p = scratch("not-a-kernel", b"#!/bin/sh\necho hello\n");
-    assert_bad_input(&["run", "--kernel", p.to_str().unwrap()], "not a Linux kernel");
+    assert_bad_input(
+        &["run", "--kernel", p.to_str().unwrap()],
+        "not a Linux kernel",
+    );
 }
 
 #[test]
 fn missing_initrd() {
     let k = fake_kernel();
     assert_bad_input(
-        &["run", "--kernel", k.to_str().unwrap(), "--initrd", "/nonexistent/initrd"],
+        &[
+            "run",
+            "--kernel",
+            k.to_str().unwrap(),
+            "--initrd",
+            "/nonexistent/initrd",
+        ],
         "initrd /nonexistent/initrd: no such file",
     );
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--initrd", "/tmp"], "is a directory");
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--initrd", "/tmp"],
+        "is a directory",
+    );
 }
 
 #[test]
 fn zero_vcpus() {
     let k = fake_kernel();
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--vcpus", "0"], "--vcpus must be at least 1");
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--vcpus", "0"],
+        "--vcpus must be at least 1",
+    );
 }
 
 #[test]
 fn too_many_vcpus() {
     let k = fake_kernel();
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--vcpus", "100000"], "more than this host's KVM allows");
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--vcpus", "-1"], "'-1'");
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--vcpus", "100000"],
+        "more than this host's KVM allows",
+    );
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--vcpus", "-1"],
+        "'-1'",
+    );
 }
 
 #[test]
 fn too_little_memory() {
     let k = fake_kernel();
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--memory", "16M"], "below the 64 MiB a kernel needs");
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--memory", "16M"],
+        "below the 64 MiB a kernel needs",
+    );
 }
 
 #[test]
 fn too_much_memory() {
     let k = fake_kernel();
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--memory", "100T"], "more than this host has");
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--memory", "100T"],
+        "more than this host has",
+    );
 }
 
 #[test]
 fn malformed_sizes_and_consoles() {
     let k = fake_kernel();
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--memory", "12X"], "unknown unit");
-    assert_bad_input(&["run", "--kernel", k.to_str().unwrap(), "--console", "tty"], "not stdout, none or file:PATH");
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--memory", "12X"],
+        "unknown unit",
+    );
+    assert_bad_input(
+        &["run", "--kernel", k.to_str().unwrap(), "--console", "tty"],
+        "not stdout, none or file:PATH",
+    );
 }
 
 #[test]
 fn unknown_options() {
-    assert_bad_input(&["run", "--kernel", "/x", "--bogus"], "unexpected argument '--bogus'");
+    assert_bad_input(
+        &["run", "--kernel", "/x", "--bogus"],
+        "unexpected argument '--bogus'",
+    );
     assert_bad_input(&["frobnicate"], "unrecognized subcommand");
     assert_bad_input(&["run"], "--kernel");
 }
 
 #[test]
 fn help_documents_exit_statuses() {
-    let out = Command::new(env!("CARGO_BIN_EXE_domus")).args(["run", "--help"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_domus"))
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["0    the guest powered off", "2    bad input", "3    the guest rebooted", "4    the guest crashed"] {
+    for needle in [
+        "0    the guest powered off",
+        "2    bad input",
+        "3    the guest rebooted",
+        "4    the guest crashed",
+    ] {
         assert!(help.contains(needle), "missing '{needle}' in help:\n{help}");
     }
 }

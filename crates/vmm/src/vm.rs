@@ -163,7 +163,10 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         serial_irq: COM1_IRQ as u8,
     });
     mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
-    mem.write_slice(&layout::RESET_VECTOR_CODE, GuestAddress(layout::RESET_VECTOR))?;
+    mem.write_slice(
+        &layout::RESET_VECTOR_CODE,
+        GuestAddress(layout::RESET_VECTOR),
+    )?;
     let zp = params::zero_page(&params::ZeroPage {
         mem_bytes: cfg.memory,
         cmdline_len: cmdline.len() - 1,
