@@ -100,7 +100,7 @@ pub fn load(mem: &GuestMemoryMmap, file: &mut File) -> Result<LoadedKernel> {
                 .map_err(Error::DoesNotFit)?;
             let hdr = r.setup_header.ok_or(Error::NotAKernel)?;
             let init_size = u64::from(hdr.init_size);
-            let pref = u64::from(hdr.pref_address).max(LOAD_PHYSICAL_ADDR);
+            let pref = hdr.pref_address.max(LOAD_PHYSICAL_ADDR);
             Ok(LoadedKernel {
                 format,
                 // The 64-bit entry is 0x200 bytes into the protected-mode code.

@@ -5,6 +5,7 @@
 //! 0x0000_7000  Linux zero page     0x0000_8ff0  boot stack top
 //! 0x0000_9000  PML4, PDPT, PD      0x0002_0000  kernel command line
 //! 0x0009_fc00  EBDA (not RAM)      0x000e_0000  ACPI: RSDP, XSDT, FADT, DSDT, MADT
+//! 0x000f_fff0  reset vector: a jump to the i8042 reset (BIOS-style reboots)
 //! 0x0010_0000  kernel (bzImage protected-mode part; vmlinux at its own address)
 //! ...          initrd at the top of low RAM
 //! 0xc000_0000  MMIO hole up to 4 GiB (IOAPIC, LAPIC, KVM's TSS)
@@ -23,7 +24,7 @@ pub const CMDLINE_ADDR: u64 = 0x20000;
 pub const CMDLINE_MAX: usize = 2048;
 pub const EBDA_START: u64 = 0x9fc00;
 pub const ACPI_START: u64 = 0xe0000;
-pub const ACPI_END: u64 = 0x100000;
+pub const ACPI_END: u64 = 0xf0000;
 pub const HIMEM_START: u64 = 0x100000;
 /// Where a CPU starts after reset (f000:fff0). Linux jumps here for a "BIOS"
 /// reboot, its last resort on a hardware-reduced ACPI platform without EFI.
@@ -82,6 +83,7 @@ mod tests {
             (PML4_ADDR, 0x3000),
             (CMDLINE_ADDR, CMDLINE_MAX as u64),
             (ACPI_START, ACPI_END - ACPI_START),
+            (RESET_VECTOR, RESET_VECTOR_CODE.len() as u64),
         ];
         for (i, a) in areas.iter().enumerate() {
             for b in &areas[i + 1..] {
@@ -91,7 +93,8 @@ mod tests {
                 );
             }
             assert!(a.0 + a.1 <= EBDA_START || a.0 >= ACPI_START);
+            assert!(a.0 + a.1 <= HIMEM_START);
         }
-        assert!(BOOT_STACK < PML4_ADDR && BOOT_STACK > ZERO_PAGE_ADDR + 0x1000);
+        const { assert!(BOOT_STACK < PML4_ADDR && BOOT_STACK > ZERO_PAGE_ADDR + 0x1000) };
     }
 }

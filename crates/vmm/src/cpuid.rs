@@ -35,11 +35,9 @@ pub fn patch(entries: &mut [kvm_cpuid_entry2], id: u32, n: u32, tsc_deadline: bo
                     e.edx &= !LEAF1_EDX_HTT;
                 }
             }
-            4 => {
-                // Cores per package - 1 in bits 31..26; caches shared by one core.
-                if e.eax & 0x1f != 0 {
-                    e.eax = (e.eax & 0x3ff) | ((n - 1).min(63) << 26);
-                }
+            // Cores per package - 1 in bits 31..26; caches shared by one core.
+            4 if e.eax & 0x1f != 0 => {
+                e.eax = (e.eax & 0x3ff) | ((n - 1).min(63) << 26);
             }
             0xb | 0x1f => {
                 e.edx = id;

@@ -58,14 +58,14 @@ pub enum Error {
 
 impl Error {
     pub fn is_user_error(&self) -> bool {
-        match self {
+        matches!(
+            self,
             Error::Config(_)
-            | Error::Layout(_)
-            | Error::Kernel { .. }
-            | Error::Initrd { .. }
-            | Error::ConsoleFile { .. } => true,
-            _ => false,
-        }
+                | Error::Layout(_)
+                | Error::Kernel { .. }
+                | Error::Initrd { .. }
+                | Error::ConsoleFile { .. }
+        )
     }
 }
 
