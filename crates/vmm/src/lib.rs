@@ -7,6 +7,7 @@
 pub mod config;
 pub mod console;
 pub mod cpuid;
+pub mod memory;
 pub mod probe;
 pub mod vcpu;
 pub mod vm;
@@ -29,7 +30,7 @@ pub enum Error {
         source: kvm_ioctls::Error,
     },
     #[error("cannot allocate {0} MiB of guest memory")]
-    Memory(u64, #[source] vm_memory::mmap::FromRangesError),
+    Memory(u64, #[source] memory::MemoryError),
     #[error("kernel {path}: {source}")]
     Kernel {
         path: String,

@@ -33,8 +33,8 @@ impl ProbeResult {
 pub fn probe() -> Result<ProbeResult> {
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)])
-        .map_err(|e| Error::Memory(2, e))?;
+    let mem: GuestMemoryMmap =
+        crate::memory::allocate(&[(0, 2 << 20)]).map_err(|e| Error::Memory(2, e))?;
     for region in mem.iter() {
         let r = kvm_userspace_memory_region {
             slot: 0,

@@ -113,12 +113,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     })
     .map_err(kvm_err("KVM_CREATE_PIT2"))?;
 
-    let ranges: Vec<(GuestAddress, usize)> = layout::ram_ranges(cfg.memory)
-        .into_iter()
-        .map(|(a, s)| (GuestAddress(a), s as usize))
-        .collect();
-    let mem =
-        GuestMemoryMmap::from_ranges(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
+    let mem = crate::memory::allocate(&layout::ram_ranges(cfg.memory))
+        .map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
     register_memory(&vm, &mem)?;
 
     // Kernel, initrd, command line, ACPI, zero page, long mode.
