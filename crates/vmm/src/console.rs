@@ -103,6 +103,7 @@ pub fn spawn_input(
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("console-in".into())
+        .stack_size(128 << 10)
         .spawn(move || {
             let mut stdin = std::io::stdin();
             let mut buf = [0u8; 256];

@@ -23,6 +23,8 @@ use crate::cpuid;
 use crate::vcpu::{self, Stop};
 use crate::{kvm_err, Error, Result};
 
+const VCPU_STACK: usize = 256 << 10;
+
 /// How a domain ended. [`ExitReason::code`] is `domus run`'s exit status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExitReason {
@@ -225,6 +227,9 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         let (bus, tx) = (bus.clone(), stop_tx.clone());
         std::thread::Builder::new()
             .name(format!("vcpu{id}"))
+            // Small stacks: the exit loop is shallow, and a 2 MiB stack could
+            // be backed by a transparent huge page and cost 2 MiB of RSS.
+            .stack_size(VCPU_STACK)
             .spawn(move || vcpu::run_loop(vcpu, bus, tx))
             .map_err(|e| Error::Io("spawning a vCPU thread", e))?;
     }
