@@ -44,6 +44,8 @@ fn domus_kit_default() -> PathBuf {
     base.join("domus/kit")
 }
 
+const GUEST_TIMEOUT_S: u32 = 180;
+
 struct Run {
     code: i32,
     stdout: String,
@@ -54,7 +56,11 @@ struct Run {
 
 fn boot_with(kernel: &PathBuf, vcpus: u32, memory: &str, command: &str) -> Run {
     let k = kit();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_domus"))
+    // A hung guest fails its test instead of hanging the run: coreutils'
+    // timeout ends it with status 124.
+    let mut child = Command::new("timeout")
+        .arg(GUEST_TIMEOUT_S.to_string())
+        .arg(env!("CARGO_BIN_EXE_domus"))
         .arg("run")
         .arg("--kernel")
         .arg(kernel)

@@ -11,7 +11,6 @@ pub const ACPI_SLEEP_STATUS: u16 = ACPI_PM_BASE + 1;
 pub const ACPI_RESET: u16 = ACPI_PM_BASE + 2;
 pub const ACPI_RESET_VALUE: u8 = 1;
 pub const I8042_BASE: u16 = 0x60;
-pub const RESET_CONTROL: u16 = 0xcf9;
 pub const PVPANIC_PORT: u16 = 0x505;
 
 /// ACPI sleep control (offset 0), sleep status (1) and reset (2) registers.
@@ -64,7 +63,8 @@ impl PioDevice for I8042 {
     }
 }
 
-/// Reset control register at 0xcf9: bit 2 (RST_CPU) requests a reset.
+/// Reset control register (0xcf9, inside the PCI config ports, see
+/// [`crate::pci::PciConfigIo`]): bit 2 (RST_CPU) requests a reset.
 pub struct ResetControl {
     value: u8,
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use domus_boot::acpi::{self, AcpiConfig};
 use domus_boot::layout::{self, ACPI_START, CMDLINE_ADDR, KVM_TSS_ADDR, ZERO_PAGE_ADDR};
 use domus_boot::{kernel, longmode, params};
-use domus_devices::platform::{self, AcpiPm, PvPanic, ResetControl, I8042};
+use domus_devices::pci;
+use domus_devices::platform::{self, AcpiPm, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
 use kvm_bindings::{
@@ -195,14 +196,14 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         Arc::new(Mutex::new(AcpiPm::new(s5))),
     )
     .map_err(overlap)?;
-    bus.insert(
-        platform::RESET_CONTROL,
-        1,
-        Arc::new(Mutex::new(ResetControl::new())),
-    )
-    .map_err(overlap)?;
     bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic)))
         .map_err(overlap)?;
+    bus.insert(
+        pci::PCI_CONFIG_BASE,
+        pci::PCI_CONFIG_LEN,
+        Arc::new(Mutex::new(pci::PciConfigIo::new())),
+    )
+    .map_err(overlap)?;
 
     // vCPUs.
     let supported = kvm
