@@ -47,6 +47,15 @@ impl PciConfigIo {
     }
 }
 
+/// Bytes `offset..` of a little-endian register into `data`; bytes past the
+/// register read as ones.
+fn copy_out(reg: u32, offset: usize, data: &mut [u8]) {
+    let v = reg.to_le_bytes();
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = v.get(offset + i).copied().unwrap_or(0xff);
+    }
+}
+
 impl Default for PciConfigIo {
     fn default() -> Self {
         Self::new()
@@ -59,13 +68,7 @@ impl PioDevice for PciConfigIo {
             return self.reset.read(0, data);
         }
         match offset {
-            0..=3 => {
-                let v = self.address.to_le_bytes();
-                let o = usize::from(offset);
-                for (i, b) in data.iter_mut().enumerate() {
-                    *b = v.get(o + i).copied().unwrap_or(0xff);
-                }
-            }
+            0..=3 => copy_out(self.address, usize::from(offset), data),
             4..=7 => {
                 let a = self.address;
                 if a & 0x8000_0000 == 0 {
@@ -77,11 +80,8 @@ impl PioDevice for PciConfigIo {
                     ((a >> 11) & 0x1f) as u8,
                     ((a >> 8) & 7) as u8,
                 );
-                let v = Self::config_dword(bus, dev, func, (a & 0xfc) as u8).to_le_bytes();
-                let o = usize::from(offset - 4);
-                for (i, b) in data.iter_mut().enumerate() {
-                    *b = v.get(o + i).copied().unwrap_or(0xff);
-                }
+                let v = Self::config_dword(bus, dev, func, (a & 0xfc) as u8);
+                copy_out(v, usize::from(offset - 4), data);
             }
             _ => data.fill(0xff),
         }

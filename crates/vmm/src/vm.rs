@@ -90,6 +90,96 @@ fn open_checked(what: &'static str, path: &std::path::Path) -> Result<File> {
     })
 }
 
+/// Writes everything the guest needs before its first instruction: kernel,
+/// initrd, command line, ACPI tables, reset vector, zero page, long mode.
+fn write_boot_data(
+    cfg: &VmConfig,
+    mem: &GuestMemoryMmap,
+    kernel_file: &mut File,
+    cmdline: &[u8],
+) -> Result<(kernel::LoadedKernel, longmode::LongModeSegments)> {
+    let k = kernel::load(mem, kernel_file).map_err(|source| Error::Kernel {
+        path: cfg.kernel.display().to_string(),
+        source,
+    })?;
+    let initrd = match &cfg.initrd {
+        Some(path) => {
+            let mut f = open_checked("initrd", path)?;
+            let ioerr = |source| Error::Initrd {
+                path: path.display().to_string(),
+                source,
+            };
+            let size = f.metadata().map_err(ioerr)?.len();
+            let addr_max = k
+                .setup_header
+                .map_or(0x7fff_ffff, |h| u64::from(h.initrd_addr_max));
+            let addr = params::initrd_addr(cfg.memory, k.footprint_end, size, addr_max)?;
+            mem.read_exact_volatile_from(GuestAddress(addr), &mut f, size as usize)
+                .map_err(|e| ioerr(std::io::Error::other(e.to_string())))?;
+            Some((addr, size))
+        }
+        None => None,
+    };
+    if initrd.is_none() && k.footprint_end > layout::low_ram_end(cfg.memory) {
+        return Err(params::Error::TooLittleMemory {
+            memory: cfg.memory >> 20,
+            needed: (k.footprint_end >> 20) + 16,
+        }
+        .into());
+    }
+    mem.write_slice(cmdline, GuestAddress(CMDLINE_ADDR))?;
+    let tables = acpi::build(&AcpiConfig {
+        vcpus: cfg.vcpus as u8,
+        sleep_control_port: platform::ACPI_SLEEP_CONTROL,
+        sleep_status_port: platform::ACPI_SLEEP_STATUS,
+        reset_port: platform::ACPI_RESET,
+        reset_value: platform::ACPI_RESET_VALUE,
+        pvpanic_port: platform::PVPANIC_PORT,
+        serial_port: COM1_BASE,
+        serial_irq: COM1_IRQ as u8,
+    });
+    mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
+    mem.write_slice(
+        &layout::RESET_VECTOR_CODE,
+        GuestAddress(layout::RESET_VECTOR),
+    )?;
+    let zp = params::zero_page(&params::ZeroPage {
+        mem_bytes: cfg.memory,
+        cmdline_len: cmdline.len() - 1,
+        initrd,
+        setup_header: k.setup_header.as_ref(),
+        rsdp_addr: tables.rsdp_addr,
+    });
+    mem.write_obj(zp, GuestAddress(ZERO_PAGE_ADDR))?;
+    let segments = longmode::setup(mem)?;
+    Ok((k, segments))
+}
+
+/// The port I/O bus with COM1 and the platform devices.
+fn platform_bus(serial: Arc<Mutex<SerialDevice>>) -> Result<PioBus> {
+    let mut bus = PioBus::new();
+    let s5 = acpi::S5_SLEEP_TYPE;
+    let overlap = |e: domus_devices::bus::Overlap| Error::Io("port bus", std::io::Error::other(e));
+    bus.insert(COM1_BASE, 8, serial).map_err(overlap)?;
+    bus.insert(platform::I8042_BASE, 5, Arc::new(Mutex::new(I8042)))
+        .map_err(overlap)?;
+    bus.insert(
+        platform::ACPI_PM_BASE,
+        3,
+        Arc::new(Mutex::new(AcpiPm::new(s5))),
+    )
+    .map_err(overlap)?;
+    bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic)))
+        .map_err(overlap)?;
+    bus.insert(
+        pci::PCI_CONFIG_BASE,
+        pci::PCI_CONFIG_LEN,
+        Arc::new(Mutex::new(pci::PciConfigIo::new())),
+    )
+    .map_err(overlap)?;
+    Ok(bus)
+}
+
 /// Boots the domain and blocks until it ends.
 pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     // Input checks that need no KVM come first, so bad input is reported as
@@ -120,61 +210,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         .map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
     register_memory(&vm, &mem)?;
 
-    // Kernel, initrd, command line, ACPI, zero page, long mode.
-    let k = kernel::load(&mem, &mut kernel_file).map_err(|source| Error::Kernel {
-        path: cfg.kernel.display().to_string(),
-        source,
-    })?;
-    let initrd = match &cfg.initrd {
-        Some(path) => {
-            let mut f = open_checked("initrd", path)?;
-            let ioerr = |source| Error::Initrd {
-                path: path.display().to_string(),
-                source,
-            };
-            let size = f.metadata().map_err(ioerr)?.len();
-            let addr_max = k
-                .setup_header
-                .map_or(0x7fff_ffff, |h| u64::from(h.initrd_addr_max));
-            let addr = params::initrd_addr(cfg.memory, k.footprint_end, size, addr_max)?;
-            mem.read_exact_volatile_from(GuestAddress(addr), &mut f, size as usize)
-                .map_err(|e| ioerr(std::io::Error::other(e.to_string())))?;
-            Some((addr, size))
-        }
-        None => None,
-    };
-    if initrd.is_none() && k.footprint_end > layout::low_ram_end(cfg.memory) {
-        return Err(params::Error::TooLittleMemory {
-            memory: cfg.memory >> 20,
-            needed: (k.footprint_end >> 20) + 16,
-        }
-        .into());
-    }
-    mem.write_slice(&cmdline, GuestAddress(CMDLINE_ADDR))?;
-    let tables = acpi::build(&AcpiConfig {
-        vcpus: cfg.vcpus as u8,
-        sleep_control_port: platform::ACPI_SLEEP_CONTROL,
-        sleep_status_port: platform::ACPI_SLEEP_STATUS,
-        reset_port: platform::ACPI_RESET,
-        reset_value: platform::ACPI_RESET_VALUE,
-        pvpanic_port: platform::PVPANIC_PORT,
-        serial_port: COM1_BASE,
-        serial_irq: COM1_IRQ as u8,
-    });
-    mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
-    mem.write_slice(
-        &layout::RESET_VECTOR_CODE,
-        GuestAddress(layout::RESET_VECTOR),
-    )?;
-    let zp = params::zero_page(&params::ZeroPage {
-        mem_bytes: cfg.memory,
-        cmdline_len: cmdline.len() - 1,
-        initrd,
-        setup_header: k.setup_header.as_ref(),
-        rsdp_addr: tables.rsdp_addr,
-    });
-    mem.write_obj(zp, GuestAddress(ZERO_PAGE_ADDR))?;
-    let segments = longmode::setup(&mem)?;
+    let (k, segments) = write_boot_data(cfg, &mem, &mut kernel_file, &cmdline)?;
 
     // Platform devices.
     let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
@@ -184,26 +220,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         irq,
         console::output(&cfg.console)?,
     )));
-    let mut bus = PioBus::new();
-    let s5 = acpi::S5_SLEEP_TYPE;
-    let overlap = |e: domus_devices::bus::Overlap| Error::Io("port bus", std::io::Error::other(e));
-    bus.insert(COM1_BASE, 8, serial.clone()).map_err(overlap)?;
-    bus.insert(platform::I8042_BASE, 5, Arc::new(Mutex::new(I8042)))
-        .map_err(overlap)?;
-    bus.insert(
-        platform::ACPI_PM_BASE,
-        3,
-        Arc::new(Mutex::new(AcpiPm::new(s5))),
-    )
-    .map_err(overlap)?;
-    bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic)))
-        .map_err(overlap)?;
-    bus.insert(
-        pci::PCI_CONFIG_BASE,
-        pci::PCI_CONFIG_LEN,
-        Arc::new(Mutex::new(pci::PciConfigIo::new())),
-    )
-    .map_err(overlap)?;
+    let bus = platform_bus(serial.clone())?;
 
     // vCPUs.
     let supported = kvm
