@@ -20,7 +20,7 @@ struct Kit {
 fn kit() -> Kit {
     let dir = std::env::var_os("DOMUS_KIT_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(domus_kit_default);
+        .unwrap_or_else(domus_kit::default_dir);
     let k = Kit {
         kernel: dir.join("vmlinuz"),
         vmlinux: dir.join("vmlinux"),
@@ -34,14 +34,6 @@ fn kit() -> Kit {
         );
     }
     k
-}
-
-fn domus_kit_default() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-    base.join("domus/kit")
 }
 
 const GUEST_TIMEOUT_S: u32 = 180;

@@ -5,9 +5,8 @@
 use std::time::Instant;
 
 use domus_boot::longmode;
-use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::{kvm_err, Error, Result};
 
@@ -35,17 +34,8 @@ pub fn probe() -> Result<ProbeResult> {
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     let mem: GuestMemoryMmap =
         crate::memory::allocate(&[(0, 2 << 20)]).map_err(|e| Error::Memory(2, e))?;
-    for region in mem.iter() {
-        let r = kvm_userspace_memory_region {
-            slot: 0,
-            guest_phys_addr: 0,
-            memory_size: region.len(),
-            userspace_addr: region.as_ptr() as u64,
-            flags: 0,
-        };
-        // SAFETY: `mem` outlives `vm` (both are dropped at the end of this function, vm first).
-        unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-    }
+    // `vm` is dropped before `mem` at the end of this function.
+    crate::vm::register_memory(&vm, &mem)?;
     let seg = longmode::setup(&mem)?;
     // mov ecx, ITERATIONS; 1: dec ecx; jnz 1b; hlt
     let mut code = vec![0xb9];

@@ -64,7 +64,9 @@ pub fn max_vcpus(kvm: &Kvm) -> u32 {
     (kvm.get_max_vcpus() as u32).min(255)
 }
 
-fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<()> {
+/// Gives `mem`'s regions to the VM as memory slots 0, 1, ...; `mem` must stay
+/// mapped as long as the VM exists.
+pub(crate) fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<()> {
     for (slot, region) in mem.iter().enumerate() {
         let r = kvm_userspace_memory_region {
             slot: slot as u32,
