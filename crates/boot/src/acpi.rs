@@ -22,6 +22,10 @@ pub struct AcpiConfig {
     /// COM1's base port and ISA IRQ.
     pub serial_port: u16,
     pub serial_irq: u8,
+    /// The PCI root bridge's config ports and its BAR window.
+    pub pci_config_port: u16,
+    pub pci_mmio_base: u32,
+    pub pci_mmio_len: u32,
 }
 
 /// The `SLP_TYP` value `_S5_` announces; the guest writes it to the sleep
@@ -107,6 +111,25 @@ fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
                     aml::name(
                         "_CRS",
                         aml::resource_template(cfg.serial_port, 8, Some(cfg.serial_irq)),
+                    ),
+                ],
+            ),
+            // The PCI root bridge: conventional PCI, config mechanism #1,
+            // one bus. Devices use MSI-X only, so there is no _PRT.
+            aml::device(
+                "PCI0",
+                &[
+                    aml::name("_HID", aml::string("PNP0A03")),
+                    aml::name("_UID", aml::integer(0)),
+                    aml::name("_SEG", aml::integer(0)),
+                    aml::name("_BBN", aml::integer(0)),
+                    aml::name(
+                        "_CRS",
+                        aml::pci_root_resources(
+                            cfg.pci_config_port,
+                            cfg.pci_mmio_base,
+                            cfg.pci_mmio_len,
+                        ),
                     ),
                 ],
             ),
@@ -198,6 +221,9 @@ mod tests {
             pvpanic_port: 0x505,
             serial_port: 0x3f8,
             serial_irq: 4,
+            pci_config_port: 0xcf8,
+            pci_mmio_base: 0xc000_0000,
+            pci_mmio_len: 0x2000_0000,
         }
     }
 

@@ -131,6 +131,12 @@ pub fn resource_template(port: u16, len: u8, irq: Option<u8>) -> Vec<u8> {
         let mask = (1u16 << irq).to_le_bytes();
         data.extend_from_slice(&[0x22, mask[0], mask[1]]);
     }
+    template(data)
+}
+
+/// Wraps resource descriptors in `ResourceTemplate() { ... }` (a Buffer
+/// with the end tag).
+fn template(mut data: Vec<u8>) -> Vec<u8> {
     data.extend_from_slice(&[0x79, 0x00]); // end tag, checksum 0 = ignore
     let mut body = integer(data.len() as u64);
     body.extend(data);
@@ -138,6 +144,27 @@ pub fn resource_template(port: u16, len: u8, irq: Option<u8>) -> Vec<u8> {
     o.extend(pkg_length(body.len()));
     o.extend(body);
     o
+}
+
+/// The `_CRS` of a PCI root bridge: bus numbers 0..=0 (WordBusNumber), the
+/// config ports (IO) and one 32-bit memory window for BARs (DWordMemory,
+/// non-cacheable, read-write). All ranges are fixed and produced by the bridge.
+pub fn pci_root_resources(config_port: u16, mmio_base: u32, mmio_len: u32) -> Vec<u8> {
+    assert!(mmio_len > 0);
+    let mut d = Vec::new();
+    // Word address space descriptor, bus number range.
+    d.extend_from_slice(&[0x88, 0x0d, 0x00, 0x02, 0x0c, 0x00]);
+    for v in [0u16, 0, 0, 0, 1] {
+        d.extend_from_slice(&v.to_le_bytes()); // granularity, min, max, translation, length
+    }
+    let p = config_port.to_le_bytes();
+    d.extend_from_slice(&[0x47, 0x01, p[0], p[1], p[0], p[1], 0x01, 0x08]);
+    // DWord address space descriptor, memory range.
+    d.extend_from_slice(&[0x87, 0x17, 0x00, 0x00, 0x0c, 0x01]);
+    for v in [0u32, mmio_base, mmio_base + (mmio_len - 1), 0, mmio_len] {
+        d.extend_from_slice(&v.to_le_bytes());
+    }
+    template(d)
 }
 
 #[cfg(test)]
@@ -213,5 +240,21 @@ mod tests {
     #[test]
     fn root_scope_name() {
         assert_eq!(name_string("\\_SB"), vec![b'\\', b'_', b'S', b'B', b'_']);
+    }
+
+    #[test]
+    fn pci_root_resources_layout() {
+        let r = pci_root_resources(0xcf8, 0xc000_0000, 0x2000_0000);
+        // Buffer { 16 (bus) + 8 (io) + 26 (memory) + 2 (end) = 52 bytes }.
+        assert_eq!(&r[..4], &[0x11, 0x37, 0x0a, 52]);
+        let d = &r[4..];
+        assert_eq!(&d[..6], &[0x88, 0x0d, 0, 2, 0x0c, 0]);
+        assert_eq!(&d[14..16], &[1, 0], "one bus");
+        assert_eq!(&d[16..20], &[0x47, 1, 0xf8, 0x0c]);
+        assert_eq!(&d[24..30], &[0x87, 0x17, 0, 0, 0x0c, 1]);
+        assert_eq!(&d[34..38], &0xc000_0000u32.to_le_bytes());
+        assert_eq!(&d[38..42], &0xdfff_ffffu32.to_le_bytes());
+        assert_eq!(&d[46..50], &0x2000_0000u32.to_le_bytes());
+        assert_eq!(&d[50..], &[0x79, 0]);
     }
 }

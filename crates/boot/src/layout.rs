@@ -34,6 +34,9 @@ pub const RESET_VECTOR: u64 = 0xffff0;
 pub const RESET_VECTOR_CODE: [u8; 7] = [0xb0, 0xfe, 0xe6, 0x64, 0xf4, 0xeb, 0xfd];
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
 pub const MMIO_GAP_END: u64 = 1 << 32;
+/// The PCI root bridge's window for device BARs, at the start of the gap.
+pub const PCI_MMIO_BASE: u32 = 0xc000_0000;
+pub const PCI_MMIO_LEN: u32 = 0x2000_0000;
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 pub const LAPIC_ADDR: u32 = 0xfee0_0000;
 /// Three pages KVM needs for its TSS on Intel; inside the MMIO hole.

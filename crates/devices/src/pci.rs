@@ -1,8 +1,13 @@
-//! PCI configuration mechanism #1 (ports 0xcf8 address, 0xcfc..0xcff data)
-//! with one device: the host bridge at 00:00.0. Every other slot reads as
-//! absent (all ones), so the guest finds a PCI bus and an empty slot map;
-//! virtio devices will be added here as further functions.
+//! PCI: configuration mechanism #1 (ports 0xcf8 address, 0xcfc..0xcff
+//! data), bus 0 with the host bridge at 00:00.0 and up to 31 device slots,
+//! and the routing of MMIO accesses to the devices' memory BARs.
+//!
+//! Devices implement [`PciDevice`]; [`ConfigSpace`] gives them the standard
+//! type-0 header with BAR sizing, so a device only adds its capabilities.
 
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::bus::lock;
 use crate::platform::ResetControl;
 use crate::{GuestEvent, PioDevice};
 
@@ -15,35 +20,345 @@ const VENDOR: u16 = 0x1b36;
 const DEVICE: u16 = 0x0008;
 const CLASS_HOST_BRIDGE: u32 = 0x0600_0000;
 
+/// Slots on bus 0 (slot 0 is the host bridge).
+pub const SLOTS: usize = 32;
+/// Config space size of a conventional PCI function.
+pub const CONFIG_SIZE: usize = 256;
+
+/// A PCI function on bus 0. Offsets are byte offsets into config space
+/// (`reg` is dword-aligned) or into a BAR.
+pub trait PciDevice: Send {
+    /// The dword at `reg`.
+    fn config_read(&mut self, reg: usize) -> u32;
+    /// Writes `data` at `reg + offset` (an access never crosses the dword).
+    fn config_write(&mut self, reg: usize, offset: usize, data: &[u8]);
+    /// The memory BARs as (index, guest address, size), for MMIO routing.
+    fn bars(&self) -> Vec<(usize, u64, u64)>;
+    fn bar_read(&mut self, bar: usize, offset: u64, data: &mut [u8]);
+    fn bar_write(&mut self, bar: usize, offset: u64, data: &[u8]);
+}
+
+/// A 32-bit, non-prefetchable memory BAR of a power-of-two size.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bar {
+    addr: u32,
+    size: u32,
+}
+
+/// Identity of a type-0 function.
+#[derive(Clone, Copy, Debug)]
+pub struct PciId {
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u32,
+    pub revision: u8,
+    pub subsystem_vendor: u16,
+    pub subsystem: u16,
+}
+
+const REG_COMMAND: usize = 0x04;
+const REG_BAR0: usize = 0x10;
+const REG_CAP_PTR: usize = 0x34;
+const STATUS_CAP_LIST: u32 = 1 << 20;
+/// Command bits a guest may set: I/O, memory, bus master, INTx disable.
+const COMMAND_WRITABLE: u32 = 0x0407;
+/// Where the first capability goes.
+pub const FIRST_CAP: usize = 0x40;
+
+/// The config space of a type-0 function: a fixed header, BARs that answer
+/// the sizing protocol, and a capability list. Bytes a device marks writable
+/// (`set_writable`) take guest writes; all others are read-only.
+pub struct ConfigSpace {
+    bytes: [u8; CONFIG_SIZE],
+    writable: [u8; CONFIG_SIZE],
+    bars: [Option<Bar>; 6],
+    next_cap: usize,
+    last_cap_next: Option<usize>,
+}
+
+impl ConfigSpace {
+    pub fn new(id: PciId) -> Self {
+        let mut c = Self {
+            bytes: [0; CONFIG_SIZE],
+            writable: [0; CONFIG_SIZE],
+            bars: [None; 6],
+            next_cap: FIRST_CAP,
+            last_cap_next: None,
+        };
+        c.put(0x00, &id.vendor.to_le_bytes());
+        c.put(0x02, &id.device.to_le_bytes());
+        c.put(0x08, &(id.class | u32::from(id.revision)).to_le_bytes());
+        c.put(0x2c, &id.subsystem_vendor.to_le_bytes());
+        c.put(0x2e, &id.subsystem.to_le_bytes());
+        c.writable[0x3c] = 0xff; // interrupt line: scratch for the OS
+        c
+    }
+
+    fn put(&mut self, at: usize, b: &[u8]) {
+        self.bytes[at..at + b.len()].copy_from_slice(b);
+    }
+
+    /// Declares memory BAR `index` at `addr` with `size` bytes (a power of
+    /// two of at least 16, `addr` aligned to it).
+    pub fn add_bar(&mut self, index: usize, addr: u32, size: u32) {
+        assert!(index < 6 && size.is_power_of_two() && size >= 16 && addr % size == 0);
+        self.bars[index] = Some(Bar { addr, size });
+    }
+
+    /// Appends a capability with id `id` and `body` (the bytes after the id
+    /// and next pointer); returns its offset. `writable` lists (offset within
+    /// the capability, bit mask) of the bits the guest may change.
+    pub fn add_capability(&mut self, id: u8, body: &[u8], writable: &[(usize, u8)]) -> usize {
+        let at = self.next_cap;
+        let len = (2 + body.len() + 3) & !3;
+        assert!(at + len <= CONFIG_SIZE, "config space full");
+        self.bytes[at] = id;
+        self.put(at + 2, body);
+        for (off, mask) in writable {
+            self.writable[at + off] = *mask;
+        }
+        match self.last_cap_next {
+            None => {
+                self.bytes[REG_CAP_PTR] = at as u8;
+                let st = self.dword(REG_COMMAND) | STATUS_CAP_LIST;
+                self.put(REG_COMMAND, &st.to_le_bytes());
+            }
+            Some(p) => self.bytes[p] = at as u8,
+        }
+        self.last_cap_next = Some(at + 1);
+        self.next_cap = at + len;
+        at
+    }
+
+    fn dword(&self, reg: usize) -> u32 {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.bytes[reg..reg + 4]);
+        u32::from_le_bytes(b)
+    }
+
+    /// The raw bytes at `at..at + len` (for a device's own registers).
+    pub fn get(&self, at: usize, len: usize) -> &[u8] {
+        &self.bytes[at..at + len]
+    }
+
+    /// Sets bytes the device itself owns (for example a capability's state).
+    pub fn set(&mut self, at: usize, b: &[u8]) {
+        self.put(at, b);
+    }
+
+    pub fn read(&self, reg: usize) -> u32 {
+        if reg >= CONFIG_SIZE {
+            return 0xffff_ffff;
+        }
+        if (REG_BAR0..REG_BAR0 + 24).contains(&reg) {
+            return match self.bars[(reg - REG_BAR0) / 4] {
+                Some(b) => b.addr, // 32-bit memory, non-prefetchable: flag bits 0
+                None => 0,
+            };
+        }
+        self.dword(reg)
+    }
+
+    /// A guest write; returns true if it moved a BAR.
+    pub fn write(&mut self, reg: usize, offset: usize, data: &[u8]) -> bool {
+        if reg >= CONFIG_SIZE || offset + data.len() > 4 {
+            return false;
+        }
+        if (REG_BAR0..REG_BAR0 + 24).contains(&reg) {
+            let Some(bar) = self.bars[(reg - REG_BAR0) / 4].as_mut() else {
+                return false;
+            };
+            let mut v = bar.addr.to_le_bytes();
+            v[offset..offset + data.len()].copy_from_slice(data);
+            // Sizing: writing all ones reads back the size mask.
+            let new = u32::from_le_bytes(v) & !(bar.size - 1);
+            let moved = new != bar.addr;
+            bar.addr = new;
+            return moved;
+        }
+        if reg == REG_COMMAND {
+            let mut v = self.dword(reg).to_le_bytes();
+            v[offset..offset + data.len()].copy_from_slice(data);
+            let cmd = u32::from_le_bytes(v) & COMMAND_WRITABLE;
+            let keep = self.dword(reg) & !COMMAND_WRITABLE & 0xffff_0000;
+            self.put(reg, &(keep | cmd).to_le_bytes());
+            return false;
+        }
+        for (i, b) in data.iter().enumerate() {
+            let at = reg + offset + i;
+            let m = self.writable[at];
+            self.bytes[at] = (self.bytes[at] & !m) | (b & m);
+        }
+        false
+    }
+
+    /// Memory BARs as (index, address, size).
+    pub fn bars(&self) -> Vec<(usize, u64, u64)> {
+        self.bars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.map(|b| (i, u64::from(b.addr), u64::from(b.size))))
+            .collect()
+    }
+}
+
+/// One MMIO range of a device, as the bus routes it.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    base: u64,
+    len: u64,
+    slot: usize,
+    bar: usize,
+}
+
+/// Bus 0: devices by slot and the MMIO windows of their BARs.
+pub struct PciBus {
+    slots: Vec<Option<Arc<Mutex<dyn PciDevice>>>>,
+    windows: RwLock<Vec<Window>>,
+}
+
+impl Default for PciBus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BusError {
+    #[error("no free PCI slot (at most {} devices)", SLOTS - 1)]
+    Full,
+}
+
+impl PciBus {
+    pub fn new() -> Self {
+        Self {
+            slots: vec![None; SLOTS],
+            windows: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Puts `dev` in the next free slot and returns the slot number.
+    pub fn add(&mut self, dev: Arc<Mutex<dyn PciDevice>>) -> Result<usize, BusError> {
+        let slot = (1..SLOTS)
+            .find(|s| self.slots[*s].is_none())
+            .ok_or(BusError::Full)?;
+        self.slots[slot] = Some(dev);
+        self.refresh();
+        Ok(slot)
+    }
+
+    fn refresh(&self) {
+        let mut w = Vec::new();
+        for (slot, d) in self.slots.iter().enumerate() {
+            if let Some(d) = d {
+                for (bar, base, len) in lock(d).bars() {
+                    // A BAR the guest parked at 0 (or is sizing) decodes nothing.
+                    if base != 0 {
+                        w.push(Window {
+                            base,
+                            len,
+                            slot,
+                            bar,
+                        });
+                    }
+                }
+            }
+        }
+        *self.windows.write().unwrap_or_else(|e| e.into_inner()) = w;
+    }
+
+    fn config_dword(&self, bus: u8, dev: u8, func: u8, reg: usize) -> u32 {
+        if bus != 0 || func != 0 {
+            return 0xffff_ffff;
+        }
+        if dev == 0 {
+            return match reg {
+                0x00 => u32::from(DEVICE) << 16 | u32::from(VENDOR),
+                0x08 => CLASS_HOST_BRIDGE | 1,
+                0x2c => u32::from(VENDOR) << 16 | u32::from(VENDOR),
+                _ => 0,
+            };
+        }
+        match &self.slots[usize::from(dev)] {
+            Some(d) => lock(d).config_read(reg),
+            None => 0xffff_ffff,
+        }
+    }
+
+    fn config_write(&self, bus: u8, dev: u8, func: u8, reg: usize, offset: usize, data: &[u8]) {
+        if bus != 0 || func != 0 || dev == 0 {
+            return;
+        }
+        if let Some(d) = &self.slots[usize::from(dev)] {
+            lock(d).config_write(reg, offset, data);
+            if (REG_BAR0..REG_BAR0 + 24).contains(&reg) {
+                self.refresh();
+            }
+        }
+    }
+
+    fn find(&self, addr: u64, len: usize) -> Option<(Window, u64)> {
+        let w = self.windows.read().unwrap_or_else(|e| e.into_inner());
+        w.iter()
+            .find(|w| addr >= w.base && addr + len as u64 <= w.base + w.len)
+            .map(|w| (*w, addr - w.base))
+    }
+
+    /// An MMIO read; addresses no BAR decodes read as all ones.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
+        match self.find(addr, data.len()) {
+            Some((w, off)) => {
+                if let Some(d) = &self.slots[w.slot] {
+                    lock(d).bar_read(w.bar, off, data);
+                }
+                true
+            }
+            None => {
+                data.fill(0xff);
+                false
+            }
+        }
+    }
+
+    /// An MMIO write; writes no BAR decodes are dropped.
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) -> bool {
+        match self.find(addr, data.len()) {
+            Some((w, off)) => {
+                if let Some(d) = &self.slots[w.slot] {
+                    lock(d).bar_write(w.bar, off, data);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// The config ports, and the reset control register that shares them: a
 /// byte access to 0xcf9 is the reset register, as on PC chipsets.
 pub struct PciConfigIo {
     address: u32,
     reset: ResetControl,
+    bus: Arc<PciBus>,
 }
 
 impl PciConfigIo {
-    pub fn new() -> Self {
+    pub fn new(bus: Arc<PciBus>) -> Self {
         Self {
             address: 0,
             reset: ResetControl::new(),
+            bus,
         }
     }
 
-    /// The 32-bit config register at `reg` (dword-aligned offset) of
-    /// bus/device/function, or all ones if there is no such function.
-    fn config_dword(bus: u8, dev: u8, func: u8, reg: u8) -> u32 {
-        if (bus, dev, func) != (0, 0, 0) {
-            return 0xffff_ffff;
-        }
-        match reg {
-            0x00 => u32::from(DEVICE) << 16 | u32::from(VENDOR),
-            0x04 => 0x0000_0000,           // status, command
-            0x08 => CLASS_HOST_BRIDGE | 1, // class, revision 1
-            0x0c => 0x0000_0000,           // header type 0, single function
-            0x2c => u32::from(VENDOR) << 16 | u32::from(VENDOR), // subsystem
-            _ => 0,
-        }
+    fn target(&self) -> Option<(u8, u8, u8, usize)> {
+        let a = self.address;
+        (a & 0x8000_0000 != 0).then_some((
+            (a >> 16) as u8,
+            ((a >> 11) & 0x1f) as u8,
+            ((a >> 8) & 7) as u8,
+            (a & 0xfc) as usize,
+        ))
     }
 }
 
@@ -56,12 +371,6 @@ fn copy_out(reg: u32, offset: usize, data: &mut [u8]) {
     }
 }
 
-impl Default for PciConfigIo {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl PioDevice for PciConfigIo {
     fn read(&mut self, offset: u16, data: &mut [u8]) {
         if offset == 1 && data.len() == 1 {
@@ -69,20 +378,13 @@ impl PioDevice for PciConfigIo {
         }
         match offset {
             0..=3 => copy_out(self.address, usize::from(offset), data),
-            4..=7 => {
-                let a = self.address;
-                if a & 0x8000_0000 == 0 {
-                    data.fill(0xff);
-                    return;
+            4..=7 => match self.target() {
+                Some((bus, dev, func, reg)) => {
+                    let v = self.bus.config_dword(bus, dev, func, reg);
+                    copy_out(v, usize::from(offset - 4), data);
                 }
-                let (bus, dev, func) = (
-                    (a >> 16) as u8,
-                    ((a >> 11) & 0x1f) as u8,
-                    ((a >> 8) & 7) as u8,
-                );
-                let v = Self::config_dword(bus, dev, func, (a & 0xfc) as u8);
-                copy_out(v, usize::from(offset - 4), data);
-            }
+                None => data.fill(0xff),
+            },
             _ => data.fill(0xff),
         }
     }
@@ -91,12 +393,22 @@ impl PioDevice for PciConfigIo {
         if offset == 1 && data.len() == 1 {
             return self.reset.write(0, data);
         }
-        // Only full writes of the address register matter; the host bridge
-        // has no writable registers yet.
-        if offset == 0 && data.len() == 4 {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(data);
-            self.address = u32::from_le_bytes(b) & 0x80ff_fffc;
+        match offset {
+            // Only full writes of the address register count.
+            0 if data.len() == 4 => {
+                let mut b = [0u8; 4];
+                b.copy_from_slice(data);
+                self.address = u32::from_le_bytes(b) & 0x80ff_fffc;
+            }
+            4..=7 => {
+                let off = usize::from(offset - 4);
+                if let Some((bus, dev, func, reg)) = self.target() {
+                    if off + data.len() <= 4 {
+                        self.bus.config_write(bus, dev, func, reg, off, data);
+                    }
+                }
+            }
+            _ => {}
         }
         None
     }
@@ -117,7 +429,7 @@ mod tests {
     #[test]
     fn type1_probe_sees_the_address_register() {
         // Linux's pci_check_type1 writes 0x80000000 and reads it back.
-        let mut p = PciConfigIo::new();
+        let mut p = PciConfigIo::new(Arc::new(PciBus::new()));
         p.write(0, &0x8000_0000u32.to_le_bytes());
         let mut d = [0u8; 4];
         p.read(0, &mut d);
@@ -126,7 +438,7 @@ mod tests {
 
     #[test]
     fn host_bridge_at_00_00_0_and_nothing_else() {
-        let mut p = PciConfigIo::new();
+        let mut p = PciConfigIo::new(Arc::new(PciBus::new()));
         assert_eq!(cfg_read(&mut p, 0, 0, 0, 0), 0x0008_1b36);
         assert_eq!(cfg_read(&mut p, 0, 0, 0, 8) >> 8, 0x060000);
         assert_eq!(cfg_read(&mut p, 0, 1, 0, 0), 0xffff_ffff);
@@ -136,7 +448,7 @@ mod tests {
 
     #[test]
     fn byte_and_word_reads_of_data_port() {
-        let mut p = PciConfigIo::new();
+        let mut p = PciConfigIo::new(Arc::new(PciBus::new()));
         p.write(0, &0x8000_0000u32.to_le_bytes());
         let mut w = [0u8; 2];
         p.read(6, &mut w);
@@ -148,7 +460,7 @@ mod tests {
 
     #[test]
     fn byte_access_to_0xcf9_is_the_reset_register() {
-        let mut p = PciConfigIo::new();
+        let mut p = PciConfigIo::new(Arc::new(PciBus::new()));
         p.write(0, &0x8000_0000u32.to_le_bytes());
         assert_eq!(p.write(1, &[0x06]), Some(GuestEvent::Reset));
         assert_eq!(p.write(1, &[0x02]), None);
@@ -163,7 +475,7 @@ mod tests {
 
     #[test]
     fn disabled_address_reads_all_ones() {
-        let mut p = PciConfigIo::new();
+        let mut p = PciConfigIo::new(Arc::new(PciBus::new()));
         p.write(0, &0u32.to_le_bytes());
         let mut d = [0u8; 4];
         p.read(4, &mut d);
@@ -172,5 +484,139 @@ mod tests {
         p.write(2, &[1]);
         p.write(0, &[1, 2]);
         p.read(9, &mut d);
+    }
+
+    struct Dev {
+        cfg: ConfigSpace,
+        last: Vec<(usize, u64, Vec<u8>)>,
+    }
+
+    impl PciDevice for Dev {
+        fn config_read(&mut self, reg: usize) -> u32 {
+            self.cfg.read(reg)
+        }
+        fn config_write(&mut self, reg: usize, offset: usize, data: &[u8]) {
+            self.cfg.write(reg, offset, data);
+        }
+        fn bars(&self) -> Vec<(usize, u64, u64)> {
+            self.cfg.bars()
+        }
+        fn bar_read(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+            data.fill(bar as u8 + offset as u8);
+        }
+        fn bar_write(&mut self, bar: usize, offset: u64, data: &[u8]) {
+            self.last.push((bar, offset, data.to_vec()));
+        }
+    }
+
+    fn dev_bus() -> (Arc<PciBus>, Arc<Mutex<Dev>>) {
+        let mut cfg = ConfigSpace::new(PciId {
+            vendor: 0x1af4,
+            device: 0x1042,
+            class: 0x0180_0000,
+            revision: 1,
+            subsystem_vendor: 0x1af4,
+            subsystem: 0x40,
+        });
+        cfg.add_bar(0, 0xc000_0000, 0x8000);
+        cfg.add_capability(0x09, &[4, 1, 2], &[]);
+        cfg.add_capability(0x11, &[0, 0, 9, 9], &[(2, 0xff)]);
+        let d = Arc::new(Mutex::new(Dev {
+            cfg,
+            last: Vec::new(),
+        }));
+        let mut bus = PciBus::new();
+        assert_eq!(bus.add(d.clone()).unwrap(), 1);
+        (Arc::new(bus), d)
+    }
+
+    fn cfg_write(p: &mut PciConfigIo, dev: u32, reg: u32, v: u32) {
+        p.write(0, &(0x8000_0000 | dev << 11 | reg).to_le_bytes());
+        p.write(4, &v.to_le_bytes());
+    }
+
+    #[test]
+    fn device_header_and_capability_list() {
+        let (bus, _) = dev_bus();
+        let mut p = PciConfigIo::new(bus);
+        assert_eq!(cfg_read(&mut p, 0, 1, 0, 0), 0x1042_1af4);
+        assert_ne!(cfg_read(&mut p, 0, 1, 0, 4) & STATUS_CAP_LIST, 0);
+        let first = cfg_read(&mut p, 0, 1, 0, 0x34) & 0xff;
+        assert_eq!(first, 0x40);
+        let c0 = cfg_read(&mut p, 0, 1, 0, first);
+        assert_eq!(c0 & 0xff, 0x09);
+        let second = (c0 >> 8) & 0xff;
+        assert_eq!(second, 0x48);
+        let c1 = cfg_read(&mut p, 0, 1, 0, second);
+        assert_eq!((c1 & 0xff, (c1 >> 8) & 0xff), (0x11, 0), "list ends");
+        // Only the marked byte of the second capability is writable.
+        cfg_write(&mut p, 1, second, 0xffff_ffff);
+        assert_eq!(cfg_read(&mut p, 0, 1, 0, second), 0x00ff_0011);
+        assert_eq!(cfg_read(&mut p, 0, 2, 0, 0), 0xffff_ffff);
+    }
+
+    #[test]
+    fn bar_sizing_and_moving_reroute_mmio() {
+        let (bus, d) = dev_bus();
+        let mut p = PciConfigIo::new(bus.clone());
+        assert_eq!(cfg_read(&mut p, 0, 1, 0, 0x10), 0xc000_0000);
+        let mut b = [0u8; 2];
+        assert!(bus.mmio_read(0xc000_0004, &mut b));
+        assert_eq!(b, [4, 4]);
+        // Sizing: all ones reads back the size mask and decodes nothing.
+        cfg_write(&mut p, 1, 0x10, 0xffff_ffff);
+        assert_eq!(cfg_read(&mut p, 0, 1, 0, 0x10), !(0x8000 - 1));
+        // Restoring it elsewhere moves the window.
+        cfg_write(&mut p, 1, 0x10, 0xd000_0000);
+        assert!(!bus.mmio_read(0xc000_0004, &mut b));
+        assert_eq!(b, [0xff, 0xff]);
+        assert!(bus.mmio_write(0xd000_7ffc, &[1, 2, 3, 4]));
+        assert!(!bus.mmio_write(0xd000_7ffe, &[1, 2, 3, 4]), "crosses the end");
+        assert_eq!(lock(&d).last, vec![(0, 0x7ffc, vec![1, 2, 3, 4])]);
+        // Unused BARs read 0 and ignore writes.
+        cfg_write(&mut p, 1, 0x14, 0xffff_ffff);
+        assert_eq!(cfg_read(&mut p, 0, 1, 0, 0x14), 0);
+    }
+
+    #[test]
+    fn command_register_keeps_only_known_bits() {
+        let (bus, _) = dev_bus();
+        let mut p = PciConfigIo::new(bus);
+        cfg_write(&mut p, 1, 0x04, 0xffff_ffff);
+        let v = cfg_read(&mut p, 0, 1, 0, 0x04);
+        assert_eq!(v & 0xffff, COMMAND_WRITABLE);
+        assert_ne!(v & STATUS_CAP_LIST, 0, "status untouched");
+    }
+
+    #[test]
+    fn a_full_bus_says_so() {
+        let mut bus = PciBus::new();
+        for _ in 1..SLOTS {
+            bus.add(Arc::new(Mutex::new(Dev {
+                cfg: ConfigSpace::new(PciId {
+                    vendor: 1,
+                    device: 1,
+                    class: 0,
+                    revision: 0,
+                    subsystem_vendor: 0,
+                    subsystem: 0,
+                }),
+                last: Vec::new(),
+            })))
+            .unwrap();
+        }
+        assert!(bus
+            .add(Arc::new(Mutex::new(Dev {
+                cfg: ConfigSpace::new(PciId {
+                    vendor: 1,
+                    device: 1,
+                    class: 0,
+                    revision: 0,
+                    subsystem_vendor: 0,
+                    subsystem: 0,
+                }),
+                last: Vec::new(),
+            })))
+            .is_err());
     }
 }

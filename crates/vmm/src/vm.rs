@@ -139,6 +139,9 @@ fn write_boot_data(
         pvpanic_port: platform::PVPANIC_PORT,
         serial_port: COM1_BASE,
         serial_irq: COM1_IRQ as u8,
+        pci_config_port: pci::PCI_CONFIG_BASE,
+        pci_mmio_base: layout::PCI_MMIO_BASE,
+        pci_mmio_len: layout::PCI_MMIO_LEN,
     });
     mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
     mem.write_slice(
@@ -176,7 +179,7 @@ fn platform_bus(serial: Arc<Mutex<SerialDevice>>) -> Result<PioBus> {
     bus.insert(
         pci::PCI_CONFIG_BASE,
         pci::PCI_CONFIG_LEN,
-        Arc::new(Mutex::new(pci::PciConfigIo::new())),
+        Arc::new(Mutex::new(pci::PciConfigIo::new(Arc::new(pci::PciBus::new())))),
     )
     .map_err(overlap)?;
     Ok(bus)

@@ -1,0 +1,132 @@
+//! Virtio 1.x devices for Domus domains: the modern virtio-pci transport
+//! ([`pci::VirtioPci`]) and the devices behind it. Everything here is
+//! KVM-free: the VMM hands in a [`Hypervisor`] for MSI routes and
+//! ioeventfds, and interrupts leave through eventfds it wired to irqfds.
+//!
+//! Each activated device runs on its own thread (plus an I/O pool for
+//! block), never on a vCPU thread. Queues are split virtqueues from the
+//! `virtio-queue` crate, with `VIRTIO_RING_F_EVENT_IDX` and
+//! `VIRTIO_RING_F_INDIRECT_DESC`. Everything a guest puts in a queue is
+//! treated as hostile: see `block::request` and the fuzz harness.
+
+pub mod block;
+pub mod epoll;
+pub mod msix;
+pub mod pci;
+pub mod ratelimit;
+pub mod rng;
+
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+pub use msix::Interrupt;
+
+/// Guest memory as every device sees it.
+pub type Memory = GuestMemoryMmap<()>;
+
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
+pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+/// Features every Domus device offers.
+pub const BASE_FEATURES: u64 =
+    VIRTIO_F_VERSION_1 | VIRTIO_RING_F_INDIRECT_DESC | VIRTIO_RING_F_EVENT_IDX;
+
+pub const TYPE_NET: u32 = 1;
+pub const TYPE_BLOCK: u32 = 2;
+pub const TYPE_RNG: u32 = 4;
+pub const TYPE_BALLOON: u32 = 5;
+pub const TYPE_VSOCK: u32 = 19;
+
+/// What the VMM does for the transport: MSI routes and notify doorbells.
+pub trait Hypervisor: Send + Sync {
+    /// Points `gsi` at the MSI message (`addr`, `data`).
+    fn set_msi_route(&self, gsi: u32, addr: u64, data: u32) -> std::io::Result<()>;
+    /// Makes guest writes to the MMIO address `addr` signal `fd`.
+    fn register_ioevent(&self, fd: &EventFd, addr: u64) -> std::io::Result<()>;
+    fn unregister_ioevent(&self, fd: &EventFd, addr: u64) -> std::io::Result<()>;
+}
+
+/// A queue the driver enabled, handed to the device at activation.
+pub struct ActiveQueue {
+    /// The queue's index in the device.
+    pub index: usize,
+    pub queue: Queue,
+    /// Signalled when the driver notifies the queue.
+    pub event: EventFd,
+}
+
+/// Everything a device needs to start serving its queues.
+pub struct Activation {
+    pub mem: Arc<Memory>,
+    /// The features the driver accepted.
+    pub features: u64,
+    pub queues: Vec<ActiveQueue>,
+    pub interrupt: Interrupt,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error("queue {0} is required but the driver did not enable it")]
+    MissingQueue(usize),
+    #[error("starting the device thread: {0}")]
+    Thread(std::io::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A virtio device model behind the transport.
+pub trait VirtioDevice: Send {
+    fn device_type(&self) -> u32;
+    /// The PCI class code (class, subclass, prog-if in bits 31..8).
+    fn pci_class(&self) -> u32 {
+        0xff_0000 << 8
+    }
+    /// The largest size of each queue; the length is the number of queues.
+    fn queue_max_sizes(&self) -> Vec<u16>;
+    /// Feature bits offered (including [`BASE_FEATURES`]).
+    fn features(&self) -> u64;
+    /// Reads the device-specific config space; bytes past its end read 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes the device-specific config space; most devices ignore it.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    /// Starts serving the queues (on DRIVER_OK).
+    fn activate(&mut self, a: Activation) -> Result<(), ActivateError>;
+    /// Stops serving and waits until no thread touches guest memory on the
+    /// device's behalf; the device can then be activated again.
+    fn reset(&mut self);
+}
+
+/// Copies `src[offset..]` into `data`; bytes outside `src` read as 0.
+pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| src.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}
+
+/// Writes a warning about a device to stderr (the console is stdout).
+pub(crate) fn warn(device: &str, msg: std::fmt::Arguments<'_>) {
+    eprintln!("domus: {device}: {msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_past_the_end_are_zero() {
+        let src = [1u8, 2, 3];
+        let mut d = [9u8; 4];
+        read_config_bytes(&src, 1, &mut d);
+        assert_eq!(d, [2, 3, 0, 0]);
+        read_config_bytes(&src, u64::MAX, &mut d);
+        assert_eq!(d, [0; 4]);
+    }
+}

@@ -1,0 +1,161 @@
+//! virtio-rng (entropy device, type 4): one queue whose device-writable
+//! buffers are filled from the host's `getrandom(2)`.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::epoll::Poller;
+use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
+
+const QUEUE_SIZE: u16 = 256;
+/// The most bytes one request gets; a guest asking for more gets this much.
+pub const MAX_REQUEST: usize = 64 << 10;
+
+pub struct Rng {
+    running: Option<(EventFd, JoinHandle<()>)>,
+}
+
+impl Default for Rng {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Rng {
+    pub fn new() -> Self {
+        Self { running: None }
+    }
+}
+
+/// Fills `buf` from getrandom.
+fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: the pointer and length describe `rest`, a live, writable
+        // slice; getrandom writes at most that many bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Serves every available request on `queue`; returns whether the guest
+/// must be interrupted. Hostile chains end the chain early, never the VMM.
+pub fn process(mem: &Memory, queue: &mut Queue) -> bool {
+    let mut used_any = false;
+    loop {
+        if queue.disable_notification(mem).is_err() {
+            return used_any;
+        }
+        while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            let head = chain.head_index();
+            let mut written = 0usize;
+            let mut buf = Vec::new();
+            for d in chain.writable() {
+                let want = (d.len() as usize).min(MAX_REQUEST - written);
+                if want == 0 {
+                    break;
+                }
+                buf.resize(want, 0);
+                if fill_random(&mut buf).is_err()
+                    || mem.write_slice(&buf, GuestAddress(d.addr().0)).is_err()
+                {
+                    break;
+                }
+                written += want;
+            }
+            if queue.add_used(mem, head, written as u32).is_err() {
+                return used_any;
+            }
+            used_any = true;
+        }
+        match queue.enable_notification(mem) {
+            Ok(true) => continue,
+            _ => break,
+        }
+    }
+    used_any && queue.needs_notification(mem).unwrap_or(true)
+}
+
+fn run(mem: Arc<Memory>, mut queue: Queue, event: EventFd, kill: EventFd, irq: Interrupt) {
+    let mut poller = match Poller::new() {
+        Ok(p) => p,
+        Err(e) => return crate::warn("rng", format_args!("epoll: {e}")),
+    };
+    if poller.add(&event, 0).and(poller.add(&kill, 1)).is_err() {
+        return;
+    }
+    loop {
+        let Ok(tokens) = poller.wait(-1) else { return };
+        for t in tokens {
+            if t == 1 {
+                return;
+            }
+            let _ = event.read();
+            if process(&mem, &mut queue) {
+                irq.queue(0);
+            }
+        }
+    }
+}
+
+impl VirtioDevice for Rng {
+    fn device_type(&self) -> u32 {
+        crate::TYPE_RNG
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE]
+    }
+
+    fn features(&self) -> u64 {
+        crate::BASE_FEATURES
+    }
+
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn activate(&mut self, a: Activation) -> Result<(), ActivateError> {
+        let q = a
+            .queues
+            .into_iter()
+            .find(|q| q.index == 0)
+            .ok_or(ActivateError::MissingQueue(0))?;
+        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
+        let k2 = kill.try_clone()?;
+        let (mem, irq) = (a.mem, a.interrupt);
+        let h = std::thread::Builder::new()
+            .name("virtio-rng".into())
+            .stack_size(256 << 10)
+            .spawn(move || run(mem, q.queue, q.event, k2, irq))
+            .map_err(ActivateError::Thread)?;
+        self.running = Some((kill, h));
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some((kill, h)) = self.running.take() {
+            let _ = kill.write(1);
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Rng {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
