@@ -22,7 +22,7 @@ const RUN_AFTER_HELP: &str = "\
 Exit status:
   0    the guest powered off (for example `poweroff -f`)
   1    the VMM failed (KVM or host error)
-  2    bad input: options, kernel, initrd, vCPU count, memory size
+  2    bad input: options, kernel, initrd, disks, vCPU count, memory size
   3    the guest rebooted
   4    the guest crashed: its kernel panicked (reported through pvpanic; with
        panic=-1 it would otherwise reboot), or KVM could not run its code
@@ -34,7 +34,9 @@ guest; Ctrl-A x ends the domain, Ctrl-A Ctrl-A sends Ctrl-A.
 Example:
   eval \"$(domus kit --print)\"
   domus run --kernel \"$kernel\" --initrd \"$initrd\" --vcpus 2 --memory 512M \\
-      --cmdline 'console=ttyS0 quiet -- nproc'";
+      --cmdline 'console=ttyS0 quiet -- nproc'
+  domus run --kernel \"$kernel\" --initrd \"$initrd\" --disk \"$rootfs\" \\
+      --cmdline 'console=ttyS0 root=/dev/vda -- cat /etc/os-release'";
 
 #[derive(Subcommand)]
 enum Command {
@@ -68,6 +70,16 @@ struct RunArgs {
     /// Where the serial console goes: stdout, file:PATH or none.
     #[arg(long, value_name = "WHERE", default_value = "stdout")]
     console: Console,
+    /// A virtio-blk disk on a raw image file (repeatable; the guest sees
+    /// /dev/vda, /dev/vdb, ... in order). Options: ro (read-only), id=NAME
+    /// (its serial, 20 characters at most), bw=SIZE (bytes per second, for
+    /// example 10M), iops=N.
+    #[arg(long, value_name = "PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]", value_parser = domus_vmm::config::parse_disk)]
+    disk: Vec<domus_virtio::block::DiskConfig>,
+    /// Leave out the virtio-rng entropy device (present by default, fed from
+    /// the host's getrandom).
+    #[arg(long)]
+    no_rng: bool,
 }
 
 #[derive(clap::Args)]
@@ -91,6 +103,8 @@ fn run(args: RunArgs) -> ExitCode {
         vcpus: args.vcpus,
         memory: args.memory,
         console: args.console,
+        disks: args.disk,
+        rng: !args.no_rng,
     };
     match domus_vmm::run(&cfg) {
         Ok(reason) => {

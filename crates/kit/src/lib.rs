@@ -365,6 +365,7 @@ const DIRS: &[&str] = &[
     "run",
     "root",
     "mnt",
+    "newroot",
     "var",
 ];
 
@@ -420,6 +421,8 @@ impl GuestTree<'_> {
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755))?;
         }
         std::fs::write(root.join("etc/domus/modules"), self.module_list())?;
+        // Tells /init it runs on the root disk, past the initramfs.
+        std::fs::write(root.join("etc/domus/on-root"), "")?;
         for (name, data) in &self.modules {
             std::fs::write(root.join("lib/modules").join(name), data)?;
         }

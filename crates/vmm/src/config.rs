@@ -5,6 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use domus_boot::layout::MIN_MEMORY;
+use domus_virtio::block::DiskConfig;
 
 /// Where the guest's serial console goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +39,10 @@ pub struct VmConfig {
     /// Guest memory in bytes.
     pub memory: u64,
     pub console: Console,
+    /// virtio-blk disks, in the order the guest sees them (vda, vdb, ...).
+    pub disks: Vec<DiskConfig>,
+    /// A virtio-rng device fed from the host's getrandom.
+    pub rng: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,6 +61,61 @@ pub enum ConfigError {
     TooLittleMemory(u64),
     #[error("--memory {0} MiB is more than this host has ({1} MiB)")]
     TooMuchMemory(u64, u64),
+}
+
+/// Parses a `--disk` value: `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`, where
+/// `bw` is bytes per second (`bw=10M` is 10 MiB/s) and `iops` operations
+/// per second.
+pub fn parse_disk(s: &str) -> Result<DiskConfig, String> {
+    let mut parts = s.split(',');
+    let path = parts.next().unwrap_or_default();
+    let path = path.strip_prefix("path=").unwrap_or(path);
+    if path.is_empty() {
+        return Err(format!("'{s}': the disk needs a path (PATH[,ro][,id=NAME])"));
+    }
+    let mut d = DiskConfig {
+        path: PathBuf::from(path),
+        ..Default::default()
+    };
+    for p in parts {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        match (k, v) {
+            ("ro", "") => d.read_only = true,
+            ("rw", "") => d.read_only = false,
+            ("id", v) => {
+                if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(format!(
+                        "'{p}': a disk id is 1 to 20 printable characters without spaces"
+                    ));
+                }
+                d.id = Some(v.to_string());
+            }
+            ("bw", v) => {
+                let bytes = parse_rate_size(v).map_err(|e| format!("'{p}': {e}"))?;
+                d.limits.bytes_per_sec = Some(bytes);
+            }
+            ("iops", v) => {
+                let n: u64 = v
+                    .parse()
+                    .map_err(|_| format!("'{p}': iops must be a whole number"))?;
+                d.limits.ops_per_sec = Some(n);
+            }
+            _ => {
+                return Err(format!(
+                    "'{p}': unknown disk option (known: ro, rw, id=NAME, bw=SIZE, iops=N)"
+                ))
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// A byte count with an optional unit where plain numbers are bytes.
+fn parse_rate_size(v: &str) -> Result<u64, String> {
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return v.parse().map_err(|_| format!("'{v}' is too large"));
+    }
+    parse_size(v)
 }
 
 /// Parses a memory size: `256M`, `1G`, `512MiB`, `2048K`, or plain MiB (`512`).
@@ -175,6 +235,34 @@ mod tests {
             vcpus: 1,
             memory: 256 << 20,
             console: Console::None,
+            disks: Vec::new(),
+            rng: false,
+        }
+    }
+
+    #[test]
+    fn disk_specs() {
+        let d = parse_disk("/img/a.raw").unwrap();
+        assert_eq!(d.path, PathBuf::from("/img/a.raw"));
+        assert!(!d.read_only);
+        let d = parse_disk("a.raw,ro,id=root,bw=10M,iops=500").unwrap();
+        assert!(d.read_only);
+        assert_eq!(d.id.as_deref(), Some("root"));
+        assert_eq!(d.limits.bytes_per_sec, Some(10 << 20));
+        assert_eq!(d.limits.ops_per_sec, Some(500));
+        assert_eq!(parse_disk("a,bw=4096").unwrap().limits.bytes_per_sec, Some(4096));
+        for bad in [
+            "",
+            ",ro",
+            "a,rox",
+            "a,id=",
+            "a,id=abcdefghijklmnopqrstu",
+            "a,id=a b",
+            "a,bw=fast",
+            "a,iops=-1",
+            "a,ro=1",
+        ] {
+            assert!(parse_disk(bad).is_err(), "{bad}");
         }
     }
 

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod console;
 pub mod cpuid;
+pub mod irq;
 pub mod memory;
 pub mod probe;
 pub mod vcpu;
@@ -55,6 +56,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Io(&'static str, #[source] std::io::Error),
+    #[error("{0}")]
+    Disk(#[from] domus_virtio::block::OpenError),
+    #[error("{0}")]
+    Devices(String),
 }
 
 impl Error {
@@ -66,6 +71,7 @@ impl Error {
                 | Error::Kernel { .. }
                 | Error::Initrd { .. }
                 | Error::ConsoleFile { .. }
+                | Error::Disk(_)
         )
     }
 }

@@ -2,9 +2,11 @@
 //! routes port I/O to the platform devices.
 
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 use domus_boot::layout::{BOOT_STACK, ZERO_PAGE_ADDR};
 use domus_boot::longmode::{self, LongModeSegments, Segment};
+use domus_devices::pci::PciBus;
 use domus_devices::{GuestEvent, PioBus};
 use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, CpuId, Msrs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -116,19 +118,30 @@ pub fn setup_boot_vcpu(vcpu: &VcpuFd, seg: &LongModeSegments, entry: u64) -> Res
     setup_long_mode(vcpu, seg, entry, ZERO_PAGE_ADDR)
 }
 
+/// Where a vCPU's port and memory-mapped I/O goes.
+#[derive(Clone)]
+pub struct Buses {
+    pub pio: PioBus,
+    pub pci: Arc<PciBus>,
+}
+
 /// Handles one exit; returns `Some` when the domain must stop.
-pub fn handle_exit(exit: VcpuExit<'_>, bus: &PioBus) -> Option<Stop> {
+pub fn handle_exit(exit: VcpuExit<'_>, bus: &Buses) -> Option<Stop> {
     match exit {
         VcpuExit::IoIn(port, data) => {
-            bus.read(port, data);
+            bus.pio.read(port, data);
             None
         }
-        VcpuExit::IoOut(port, data) => bus.write(port, data).map(Stop::Guest),
-        VcpuExit::MmioRead(_, data) => {
-            data.fill(0xff);
+        VcpuExit::IoOut(port, data) => bus.pio.write(port, data).map(Stop::Guest),
+        VcpuExit::MmioRead(addr, data) => {
+            bus.pci.mmio_read(addr, data);
             None
         }
-        VcpuExit::MmioWrite(..) | VcpuExit::Intr | VcpuExit::IrqWindowOpen => None,
+        VcpuExit::MmioWrite(addr, data) => {
+            bus.pci.mmio_write(addr, data);
+            None
+        }
+        VcpuExit::Intr | VcpuExit::IrqWindowOpen => None,
         // A triple fault: Linux's last way to reboot.
         VcpuExit::Shutdown => Some(Stop::Guest(GuestEvent::Reset)),
         VcpuExit::SystemEvent(kind, _) => Some(match kind {
@@ -147,7 +160,7 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &PioBus) -> Option<Stop> {
 }
 
 /// Runs a vCPU until it or the guest stops the domain; reports to `stop`.
-pub fn run_loop(mut vcpu: VcpuFd, bus: PioBus, stop: Sender<Stop>) {
+pub fn run_loop(mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>) {
     loop {
         let s = match vcpu.run() {
             Ok(exit) => handle_exit(exit, &bus),
@@ -178,14 +191,18 @@ mod tests {
 
     #[test]
     fn port_exits_reach_the_bus() {
-        use std::sync::{Arc, Mutex};
-        let mut bus = PioBus::new();
-        bus.insert(
+        use std::sync::Mutex;
+        let mut pio = PioBus::new();
+        pio.insert(
             0x60,
             5,
             Arc::new(Mutex::new(domus_devices::platform::I8042)),
         )
         .unwrap();
+        let bus = Buses {
+            pio,
+            pci: Arc::new(PciBus::new()),
+        };
         assert_eq!(
             handle_exit(VcpuExit::IoOut(0x64, &[0xfe]), &bus),
             Some(Stop::Guest(GuestEvent::Reset))
@@ -193,6 +210,10 @@ mod tests {
         let mut d = [0u8; 1];
         assert_eq!(handle_exit(VcpuExit::IoIn(0x80, &mut d), &bus), None);
         assert_eq!(d, [0xff]);
+        let mut m = [0u8; 4];
+        assert_eq!(handle_exit(VcpuExit::MmioRead(0xc000_0000, &mut m), &bus), None);
+        assert_eq!(m, [0xff; 4], "no device decodes it");
+        assert_eq!(handle_exit(VcpuExit::MmioWrite(0xc000_0000, &m), &bus), None);
         assert_eq!(
             handle_exit(VcpuExit::Shutdown, &bus),
             Some(Stop::Guest(GuestEvent::Reset))

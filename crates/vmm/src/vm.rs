@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use domus_boot::acpi::{self, AcpiConfig};
 use domus_boot::layout::{self, ACPI_START, CMDLINE_ADDR, KVM_TSS_ADDR, ZERO_PAGE_ADDR};
 use domus_boot::{kernel, longmode, params};
-use domus_devices::pci;
+use domus_devices::pci::{self, PciBus};
 use domus_devices::platform::{self, AcpiPm, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
@@ -15,13 +15,18 @@ use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
+use domus_virtio::block::Block;
+use domus_virtio::pci::VirtioPci;
+use domus_virtio::rng::Rng;
+use domus_virtio::{Hypervisor, VirtioDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{host_memory, io_reason, ConfigError, VmConfig};
 use crate::console;
 use crate::cpuid;
-use crate::vcpu::{self, Stop};
+use crate::irq::KvmIrqs;
+use crate::vcpu::{self, Buses, Stop};
 use crate::{kvm_err, Error, Result};
 
 const VCPU_STACK: usize = 256 << 10;
@@ -160,8 +165,33 @@ fn write_boot_data(
     Ok((k, segments))
 }
 
+/// The PCI bus with the domain's virtio devices: disks (vda, vdb, ... in
+/// order), then the entropy device.
+fn pci_bus(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>, irqs: &Arc<KvmIrqs>) -> Result<PciBus> {
+    let mut devices: Vec<(String, Box<dyn VirtioDevice>)> = Vec::new();
+    for (i, d) in cfg.disks.iter().enumerate() {
+        let name = format!("disk vd{}", (b'a' + (i % 26) as u8) as char);
+        devices.push((name, Box::new(Block::open(d)?)));
+    }
+    if cfg.rng {
+        devices.push(("rng".into(), Box::new(Rng::new())));
+    }
+    let mut bus = PciBus::new();
+    for (i, (name, dev)) in devices.into_iter().enumerate() {
+        let bar = layout::PCI_MMIO_BASE + i as u32 * domus_virtio::pci::BAR_SIZE;
+        let vectors = irqs
+            .vectors(domus_virtio::pci::vectors_for(dev.queue_max_sizes().len()))
+            .map_err(|e| Error::Io("setting up MSI-X vectors", e))?;
+        let hv: Arc<dyn Hypervisor> = irqs.clone();
+        let pci = VirtioPci::new(name, dev, bar, vectors, mem.clone(), hv);
+        bus.add(Arc::new(Mutex::new(pci)))
+            .map_err(|e| Error::Devices(e.to_string()))?;
+    }
+    Ok(bus)
+}
+
 /// The port I/O bus with COM1 and the platform devices.
-fn platform_bus(serial: Arc<Mutex<SerialDevice>>) -> Result<PioBus> {
+fn platform_bus(serial: Arc<Mutex<SerialDevice>>, pci: Arc<PciBus>) -> Result<PioBus> {
     let mut bus = PioBus::new();
     let s5 = acpi::S5_SLEEP_TYPE;
     let overlap = |e: domus_devices::bus::Overlap| Error::Io("port bus", std::io::Error::other(e));
@@ -179,7 +209,7 @@ fn platform_bus(serial: Arc<Mutex<SerialDevice>>) -> Result<PioBus> {
     bus.insert(
         pci::PCI_CONFIG_BASE,
         pci::PCI_CONFIG_LEN,
-        Arc::new(Mutex::new(pci::PciConfigIo::new(Arc::new(pci::PciBus::new())))),
+        Arc::new(Mutex::new(pci::PciConfigIo::new(pci))),
     )
     .map_err(overlap)?;
     Ok(bus)
@@ -200,7 +230,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     cfg.validate(max_vcpus(&kvm), host_mem)?;
 
-    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
     vm.set_tss_address(KVM_TSS_ADDR as usize)
         .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip()
@@ -211,8 +241,10 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     })
     .map_err(kvm_err("KVM_CREATE_PIT2"))?;
 
-    let mem = crate::memory::allocate(&layout::ram_ranges(cfg.memory))
-        .map_err(|e| Error::Memory(cfg.memory >> 20, e))?;
+    let mem = Arc::new(
+        crate::memory::allocate(&layout::ram_ranges(cfg.memory))
+            .map_err(|e| Error::Memory(cfg.memory >> 20, e))?,
+    );
     register_memory(&vm, &mem)?;
 
     let (k, segments) = write_boot_data(cfg, &mem, &mut kernel_file, &cmdline)?;
@@ -225,7 +257,12 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         irq,
         console::output(&cfg.console)?,
     )));
-    let bus = platform_bus(serial.clone())?;
+    let irqs = Arc::new(KvmIrqs::new(vm.clone()));
+    let pci = Arc::new(pci_bus(cfg, &mem, &irqs)?);
+    let bus = Buses {
+        pio: platform_bus(serial.clone(), pci.clone())?,
+        pci,
+    };
 
     // vCPUs.
     let supported = kvm
