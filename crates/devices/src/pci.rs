@@ -101,7 +101,7 @@ impl ConfigSpace {
     /// Declares memory BAR `index` at `addr` with `size` bytes (a power of
     /// two of at least 16, `addr` aligned to it).
     pub fn add_bar(&mut self, index: usize, addr: u32, size: u32) {
-        assert!(index < 6 && size.is_power_of_two() && size >= 16 && addr % size == 0);
+        assert!(index < 6 && size.is_power_of_two() && size >= 16 && addr.is_multiple_of(size));
         self.bars[index] = Some(Bar { addr, size });
     }
 
@@ -571,7 +571,10 @@ mod tests {
         assert!(!bus.mmio_read(0xc000_0004, &mut b));
         assert_eq!(b, [0xff, 0xff]);
         assert!(bus.mmio_write(0xd000_7ffc, &[1, 2, 3, 4]));
-        assert!(!bus.mmio_write(0xd000_7ffe, &[1, 2, 3, 4]), "crosses the end");
+        assert!(
+            !bus.mmio_write(0xd000_7ffe, &[1, 2, 3, 4]),
+            "crosses the end"
+        );
         assert_eq!(lock(&d).last, vec![(0, 0x7ffc, vec![1, 2, 3, 4])]);
         // Unused BARs read 0 and ignore writes.
         cfg_write(&mut p, 1, 0x14, 0xffff_ffff);

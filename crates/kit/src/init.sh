@@ -5,6 +5,8 @@
 # With root=DEV on the kernel command line, the initramfs loads the modules,
 # mounts DEV (read-write unless "ro" is given) and switches to it; the same
 # script then runs there (marked by /etc/domus/on-root).
+# domus.cmd=BASE64 on the kernel command line is a command too long for
+# init's arguments (Linux passes at most 32): it replaces them.
 export PATH=/sbin:/bin:/usr/sbin:/usr/bin HOME=/root
 mounted() { grep -q "^[^ ]* $1 " /proc/mounts 2>/dev/null; }
 mounted /proc || mount -t proc proc /proc
@@ -35,6 +37,10 @@ if [ ! -e /etc/domus/on-root ]; then
     fi
 else
     echo "domus-init: on $(sed -n 's|^\([^ ]*\) / .*|\1|p' /proc/mounts | tail -1)"
+fi
+cmd64=$(sed -n 's/.*domus\.cmd=\([^ ]*\).*/\1/p' /proc/cmdline)
+if [ -n "$cmd64" ]; then
+    set -- "$(echo "$cmd64" | base64 -d)"
 fi
 mounted /sys || mount -t sysfs sysfs /sys
 mounted /dev || mount -t devtmpfs devtmpfs /dev 2>/dev/null

@@ -165,7 +165,10 @@ impl Msix {
 
     /// A write to the table: only aligned 4- and 8-byte writes count.
     pub fn table_write(&mut self, offset: u64, data: &[u8]) {
-        let (v, field) = ((offset / ENTRY_SIZE) as usize, (offset % ENTRY_SIZE) as usize);
+        let (v, field) = (
+            (offset / ENTRY_SIZE) as usize,
+            (offset % ENTRY_SIZE) as usize,
+        );
         if v >= self.entries.len() || field % 4 != 0 || !matches!(data.len(), 4 | 8) {
             return;
         }

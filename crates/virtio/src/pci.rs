@@ -15,7 +15,7 @@ use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::msix::{self, Interrupt, Msix, Vector, NO_VECTOR};
-use crate::{ActiveQueue, Activation, Hypervisor, Memory, VirtioDevice};
+use crate::{Activation, ActiveQueue, Hypervisor, Memory, VirtioDevice};
 
 pub const VENDOR_VIRTIO: u16 = 0x1af4;
 /// Modern devices: 0x1040 + device type.
@@ -232,7 +232,12 @@ impl VirtioPci {
             0x15 => c.config_generation.into(),
             0x16 => c.queue_select.into(),
             0x18 => q.map_or(0, |q| q.size().into()),
-            0x1a => c.queue_vectors.get(sel).copied().unwrap_or(NO_VECTOR).into(),
+            0x1a => c
+                .queue_vectors
+                .get(sel)
+                .copied()
+                .unwrap_or(NO_VECTOR)
+                .into(),
             0x1c => q.map_or(0, |q| q.ready().into()),
             0x1e => c.queue_select.into(), // notify offset = queue index
             0x20 => q.map_or(0, |q| q.desc_table()),
@@ -474,7 +479,7 @@ impl PciDevice for VirtioPci {
             o if o >= DEVICE_CFG && end <= DEVICE_CFG + DEVICE_CFG_LEN => {
                 self.device.read_config(o - DEVICE_CFG, data)
             }
-            o if o >= MSIX_TABLE && o < MSIX_PBA => {
+            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => {
                 lock(&self.msix).table_read(o - MSIX_TABLE, data)
             }
             o if o >= MSIX_PBA && end <= MSIX_PBA + 8 => {
@@ -495,7 +500,7 @@ impl PciDevice for VirtioPci {
                 self.device.write_config(o - DEVICE_CFG, data)
             }
             o if o >= NOTIFY && end <= NOTIFY + NOTIFY_LEN => self.notify(o - NOTIFY),
-            o if o >= MSIX_TABLE && o < MSIX_PBA => {
+            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => {
                 lock(&self.msix).table_write(o - MSIX_TABLE, data)
             }
             _ => {}

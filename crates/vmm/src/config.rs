@@ -71,7 +71,9 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, String> {
     let path = parts.next().unwrap_or_default();
     let path = path.strip_prefix("path=").unwrap_or(path);
     if path.is_empty() {
-        return Err(format!("'{s}': the disk needs a path (PATH[,ro][,id=NAME])"));
+        return Err(format!(
+            "'{s}': the disk needs a path (PATH[,ro][,id=NAME])"
+        ));
     }
     let mut d = DiskConfig {
         path: PathBuf::from(path),
@@ -250,7 +252,10 @@ mod tests {
         assert_eq!(d.id.as_deref(), Some("root"));
         assert_eq!(d.limits.bytes_per_sec, Some(10 << 20));
         assert_eq!(d.limits.ops_per_sec, Some(500));
-        assert_eq!(parse_disk("a,bw=4096").unwrap().limits.bytes_per_sec, Some(4096));
+        assert_eq!(
+            parse_disk("a,bw=4096").unwrap().limits.bytes_per_sec,
+            Some(4096)
+        );
         for bad in [
             "",
             ",ro",

@@ -24,10 +24,7 @@ fn irqchip(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
         gsi,
         type_: KVM_IRQ_ROUTING_IRQCHIP,
         u: kvm_irq_routing_entry__bindgen_ty_1 {
-            irqchip: kvm_irq_routing_irqchip {
-                irqchip: chip,
-                pin,
-            },
+            irqchip: kvm_irq_routing_irqchip { irqchip: chip, pin },
         },
         ..Default::default()
     }
@@ -145,6 +142,9 @@ mod tests {
         assert_eq!((r[2].gsi, chip, pin), (1, KVM_IRQCHIP_PIC_MASTER, 1));
         // SAFETY: as above.
         let last = unsafe { r[39].u.irqchip };
-        assert_eq!((r[39].gsi, last.irqchip, last.pin), (23, KVM_IRQCHIP_IOAPIC, 23));
+        assert_eq!(
+            (r[39].gsi, last.irqchip, last.pin),
+            (23, KVM_IRQCHIP_IOAPIC, 23)
+        );
     }
 }

@@ -211,9 +211,15 @@ mod tests {
         assert_eq!(handle_exit(VcpuExit::IoIn(0x80, &mut d), &bus), None);
         assert_eq!(d, [0xff]);
         let mut m = [0u8; 4];
-        assert_eq!(handle_exit(VcpuExit::MmioRead(0xc000_0000, &mut m), &bus), None);
+        assert_eq!(
+            handle_exit(VcpuExit::MmioRead(0xc000_0000, &mut m), &bus),
+            None
+        );
         assert_eq!(m, [0xff; 4], "no device decodes it");
-        assert_eq!(handle_exit(VcpuExit::MmioWrite(0xc000_0000, &m), &bus), None);
+        assert_eq!(
+            handle_exit(VcpuExit::MmioWrite(0xc000_0000, &m), &bus),
+            None
+        );
         assert_eq!(
             handle_exit(VcpuExit::Shutdown, &bus),
             Some(Stop::Guest(GuestEvent::Reset))

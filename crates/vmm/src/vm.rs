@@ -11,14 +11,14 @@ use domus_devices::pci::{self, PciBus};
 use domus_devices::platform::{self, AcpiPm, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
-use kvm_bindings::{
-    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
-};
-use kvm_ioctls::{Cap, Kvm, VmFd};
 use domus_virtio::block::Block;
 use domus_virtio::pci::VirtioPci;
 use domus_virtio::rng::Rng;
 use domus_virtio::{Hypervisor, VirtioDevice};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 

@@ -273,7 +273,13 @@ fn io_worker(
         };
         // The status address was checked by the parser.
         let _ = mem.write_obj(status, job.req.status);
-        if done.send(Done { head: job.head, len }).is_err() {
+        if done
+            .send(Done {
+                head: job.head,
+                len,
+            })
+            .is_err()
+        {
             return;
         }
         let _ = evt.write(1);
@@ -316,11 +322,7 @@ impl Engine {
         if let Err(e) = added {
             return crate::warn("virtio-blk", format_args!("epoll: {e}"));
         }
-        'outer: loop {
-            let tokens = match poller.wait(-1) {
-                Ok(t) => t,
-                Err(_) => break,
-            };
+        'outer: while let Ok(tokens) = poller.wait(-1) {
             for t in tokens {
                 match t {
                     T_KILL => break 'outer,

@@ -189,7 +189,7 @@ pub fn parse<M: GuestMemoryBackend>(
     let mut segments = Vec::new();
     match kind {
         Kind::In | Kind::Out => {
-            if data_len % SECTOR_SIZE != 0 {
+            if !data_len.is_multiple_of(SECTOR_SIZE) {
                 return Err(reject(Error::Unaligned));
             }
             let end = sector.checked_add(data_len / SECTOR_SIZE);
@@ -200,7 +200,7 @@ pub fn parse<M: GuestMemoryBackend>(
         Kind::GetId if data.is_empty() => return Err(reject(Error::WrongDirection)),
         Kind::Discard | Kind::WriteZeroes => {
             if data_len == 0
-                || data_len % SEGMENT_SIZE != 0
+                || !data_len.is_multiple_of(SEGMENT_SIZE)
                 || data_len / SEGMENT_SIZE > u64::from(MAX_SEGMENTS)
             {
                 return Err(reject(Error::BadSegments));
@@ -220,7 +220,11 @@ pub fn parse<M: GuestMemoryBackend>(
                     sectors: u32::from_le_bytes([c[8], c[9], c[10], c[11]]),
                     flags: u32::from_le_bytes([c[12], c[13], c[14], c[15]]),
                 };
-                let allowed = if kind == Kind::WriteZeroes { WZ_UNMAP } else { 0 };
+                let allowed = if kind == Kind::WriteZeroes {
+                    WZ_UNMAP
+                } else {
+                    0
+                };
                 if seg.flags & !allowed != 0 {
                     return Err(reject(Error::Unsupported(ty)));
                 }
@@ -316,21 +320,43 @@ mod tests {
             // Header outside memory.
             (vec![d(MEM - 8, 16, false), STATUS], Error::BadHeader),
             // A read into a device-readable buffer, a write from a writable one.
-            (vec![rd, d(0x1000, 512, false), STATUS], Error::WrongDirection),
-            (vec![wr, d(0x1000, 512, true), STATUS], Error::WrongDirection),
+            (
+                vec![rd, d(0x1000, 512, false), STATUS],
+                Error::WrongDirection,
+            ),
+            (
+                vec![wr, d(0x1000, 512, true), STATUS],
+                Error::WrongDirection,
+            ),
             // Buffers outside memory, wrapping, or huge.
             (vec![rd, d(MEM - 256, 512, true), STATUS], Error::BadAddress),
-            (vec![rd, d(u64::MAX - 100, 512, true), STATUS], Error::BadAddress),
+            (
+                vec![rd, d(u64::MAX - 100, 512, true), STATUS],
+                Error::BadAddress,
+            ),
             (vec![rd, d(0, u32::MAX, true), STATUS], Error::BadAddress),
             // Partial sectors, past the end, sector overflow.
             (vec![rd, d(0x1000, 100, true), STATUS], Error::Unaligned),
-            (vec![rd, d(0x1000, 16 * 512 + 512, true), STATUS], Error::OutOfRange),
             (
-                vec![header(&m, 0x200, T_IN, u64::MAX), d(0x1000, 512, true), STATUS],
+                vec![rd, d(0x1000, 16 * 512 + 512, true), STATUS],
                 Error::OutOfRange,
             ),
-            (vec![header(&m, 0x300, 0x77, 0), STATUS], Error::Unsupported(0x77)),
-            (vec![header(&m, 0x400, T_GET_ID, 0), STATUS], Error::WrongDirection),
+            (
+                vec![
+                    header(&m, 0x200, T_IN, u64::MAX),
+                    d(0x1000, 512, true),
+                    STATUS,
+                ],
+                Error::OutOfRange,
+            ),
+            (
+                vec![header(&m, 0x300, 0x77, 0), STATUS],
+                Error::Unsupported(0x77),
+            ),
+            (
+                vec![header(&m, 0x400, T_GET_ID, 0), STATUS],
+                Error::WrongDirection,
+            ),
         ];
         for (chain, want) in cases {
             let e = parse(&m, &chain, 16).unwrap_err();
