@@ -152,14 +152,16 @@ mod tests {
     }
 
     #[test]
-    fn bandwidth_holds_within_one_percent() {
+    fn bandwidth_holds_within_two_percent() {
         let mut l = RateLimiter::new(Limits {
             bytes_per_sec: Some(10 << 20),
             ops_per_sec: None,
         });
         let (bytes, _) = simulate(&mut l, 128 << 10, 10.0);
+        // The initial burst (a tenth of a second) and the last request's
+        // debt are the whole error: 1% to 2% over 10 s.
         let rate = bytes as f64 / 10.0;
-        assert!((rate / f64::from(10 << 20) - 1.0).abs() < 0.01, "{rate}");
+        assert!((rate / f64::from(10 << 20) - 1.0).abs() < 0.02, "{rate}");
     }
 
     #[test]
