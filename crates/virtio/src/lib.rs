@@ -99,6 +99,19 @@ pub trait VirtioDevice: Send {
     fn reset(&mut self);
 }
 
+/// True if the driver's available index is further ahead of the device
+/// than the queue holds: the ring is corrupt and nothing can be taken
+/// from it (`virtio-queue` then yields no chains, so a device loop that
+/// re-checks after enabling notifications must stop instead of spinning).
+pub fn ring_corrupt(queue: &Queue, mem: &Memory) -> bool {
+    use std::sync::atomic::Ordering;
+    use virtio_queue::QueueT;
+    match queue.avail_idx(mem, Ordering::Acquire) {
+        Ok(idx) => (idx - std::num::Wrapping(queue.next_avail())).0 > queue.size(),
+        Err(_) => true,
+    }
+}
+
 /// Copies `src[offset..]` into `data`; bytes outside `src` read as 0.
 pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
     for (i, b) in data.iter_mut().enumerate() {
@@ -130,3 +143,6 @@ mod tests {
         assert_eq!(d, [0; 4]);
     }
 }
+
+#[cfg(test)]
+mod hostile;

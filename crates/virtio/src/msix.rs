@@ -252,7 +252,7 @@ impl Interrupt {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+pub mod tests {
     use super::*;
 
     /// Records routes; ioeventfds always succeed.

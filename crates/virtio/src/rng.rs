@@ -82,7 +82,7 @@ pub fn process(mem: &Memory, queue: &mut Queue) -> bool {
             used_any = true;
         }
         match queue.enable_notification(mem) {
-            Ok(true) => continue,
+            Ok(true) if !crate::ring_corrupt(queue, mem) => continue,
             _ => break,
         }
     }

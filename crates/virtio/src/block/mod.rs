@@ -420,7 +420,7 @@ impl Engine {
                 }
             }
             match self.queue.enable_notification(&*mem) {
-                Ok(true) => continue,
+                Ok(true) if !crate::ring_corrupt(&self.queue, &mem) => continue,
                 _ => break,
             }
         }
