@@ -11,6 +11,7 @@
 
 pub mod block;
 pub mod epoll;
+pub mod fuzz;
 pub mod msix;
 pub mod pci;
 pub mod ratelimit;
