@@ -18,6 +18,9 @@ thread_local! {
     static CURRENT: RefCell<(&'static str, Vec<u8>)> = const { RefCell::new(("", Vec::new())) };
 }
 
+/// A named fuzz target.
+type Target = (&'static str, fn(&[u8]));
+
 /// xorshift64*: fast, deterministic for a given seed.
 struct Rng(u64);
 impl Rng {
@@ -128,8 +131,7 @@ fn main() {
     if corpus.is_empty() {
         corpus = fuzz::seeds().into_iter().map(|(_, d)| d).collect();
     }
-    let targets: [(&'static str, fn(&[u8])); 2] =
-        [("blk", fuzz::blk_queue), ("rng", fuzz::rng_queue)];
+    let targets: [Target; 2] = [("blk", fuzz::blk_queue), ("rng", fuzz::rng_queue)];
     for input in &corpus {
         for (name, f) in targets {
             run(name, f, input);
