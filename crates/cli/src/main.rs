@@ -80,6 +80,17 @@ struct RunArgs {
     /// the host's getrandom).
     #[arg(long)]
     no_rng: bool,
+    /// Add a virtio-balloon device: the API can set a memory target, and
+    /// memory the guest frees goes back to the host (free page reporting).
+    #[arg(long)]
+    balloon: bool,
+    /// Serve the domain's REST API on this Unix socket (mode 0600); see
+    /// api/domain.openapi.json.
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
+    /// The domain's name, as the API reports it.
+    #[arg(long, value_name = "NAME", default_value = "domain")]
+    name: String,
 }
 
 #[derive(clap::Args)]
@@ -105,6 +116,9 @@ fn run(args: RunArgs) -> ExitCode {
         console: args.console,
         disks: args.disk,
         rng: !args.no_rng,
+        balloon: args.balloon,
+        api_socket: args.api_socket,
+        name: args.name,
     };
     match domus_vmm::run(&cfg) {
         Ok(reason) => {

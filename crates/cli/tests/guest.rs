@@ -524,3 +524,261 @@ fn disk_rate_limits_hold_within_10_percent() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Boots like [`boot_full`] but hands each console line to `on_line` as it
+/// arrives, so the test can act on the running domain (through its API).
+fn boot_live(extra: &[String], memory: &str, command: &str, mut on_line: impl FnMut(&str)) -> Run {
+    let k = kit();
+    let mut child = Command::new("timeout")
+        .arg(GUEST_TIMEOUT_S.to_string())
+        .arg(env!("CARGO_BIN_EXE_domus"))
+        .arg("run")
+        .arg("--kernel")
+        .arg(&k.kernel)
+        .arg("--initrd")
+        .arg(&k.initrd)
+        .args(["--memory", memory])
+        .args(extra)
+        .arg("--cmdline")
+        .arg(format!(
+            "console=ttyS0 quiet panic=-1 domus.cmd={}",
+            base64(command)
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning domus run");
+    let stderr = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+        s
+    });
+    let mut stdout = String::new();
+    let mut last_line = Instant::now();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap_or_default();
+        last_line = Instant::now();
+        on_line(line.trim());
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    let status = child.wait().unwrap();
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr: err_thread.join().unwrap(),
+        tail: last_line.elapsed(),
+    }
+}
+
+fn api(
+    sock: &std::path::Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let (status, text) = domus_http::request(sock, method, path, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let v = if text.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
+    };
+    (status, v)
+}
+
+/// CPU time (user + system, clock ticks) of thread `tid` of process `pid`.
+fn thread_ticks(pid: u64, tid: u64) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
+    let f: Vec<&str> = s[s.rfind(')').unwrap() + 2..].split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn vm_rss_kib(pid: u64) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn api_pauses_resumes_counts_and_changes_limits() {
+    let dir = scratch("api");
+    let img = image(&dir, "d.img", 32);
+    let sock = dir.join("api.sock");
+    // Spin for 8 s of guest time, then write 4 MiB to the disk.
+    let cmd = "echo phase=spin; end=$(( $(cut -d. -f1 /proc/uptime) + 8 )); while [ $(cut -d. -f1 /proc/uptime) -lt $end ]; do :; done; dd if=/dev/urandom of=/dev/vda bs=1M count=4 oflag=direct 2>/dev/null; echo phase=written; sleep 3";
+    let mut extra = disk_arg(format!("{},bw=64M", img.display()));
+    extra.extend([
+        "--api-socket".into(),
+        sock.display().to_string(),
+        "--name".into(),
+        "api-test".into(),
+    ]);
+    let mut checked = Vec::new();
+    let r = boot_live(&extra, "256M", cmd, |line| match line {
+        "phase=spin" => {
+            let (s, info) = api(&sock, "GET", "/v1/domain", None);
+            assert_eq!(s, 200, "{info}");
+            assert_eq!(info["name"], "api-test");
+            assert_eq!(info["state"], "running");
+            assert_eq!(info["vcpus"], 1);
+            assert_eq!(info["memory_mib"], 256);
+            let pid = info["pid"].as_u64().unwrap();
+            let tid = info["vcpu_tids"][0].as_u64().unwrap();
+            let spent = |ms| {
+                let a = thread_ticks(pid, tid);
+                std::thread::sleep(Duration::from_millis(ms));
+                thread_ticks(pid, tid) - a
+            };
+            assert!(spent(1000) >= 20, "the spinning vCPU used no CPU");
+            let (s, v) = api(&sock, "PUT", "/v1/domain/pause", None);
+            assert_eq!((s, v["state"].as_str()), (200, Some("paused")), "{v}");
+            let paused = spent(1500);
+            assert!(paused <= 2, "a paused vCPU used {paused} ticks");
+            assert_eq!(api(&sock, "GET", "/v1/domain", None).1["state"], "paused");
+            let (s, v) = api(&sock, "PUT", "/v1/domain/resume", None);
+            assert_eq!((s, v["state"].as_str()), (200, Some("running")), "{v}");
+            assert!(spent(1000) >= 20, "the resumed vCPU used no CPU");
+            checked.push("pause");
+        }
+        "phase=written" => {
+            let (s, d) = api(&sock, "GET", "/v1/devices/vda", None);
+            assert_eq!(s, 200, "{d}");
+            assert_eq!(d["type"], "block");
+            assert!(
+                d["counters"]["write_bytes"].as_u64().unwrap() >= 4 << 20,
+                "{d}"
+            );
+            assert!(d["counters"]["write_ops"].as_u64().unwrap() >= 4, "{d}");
+            assert_eq!(d["rate_limit"]["bandwidth"], 64 << 20);
+            // Bad requests: a 4xx with a message, and nothing changes.
+            for (m, p, b, want) in [
+                (
+                    "PUT",
+                    "/v1/devices/vda/rate-limit",
+                    "{\"bandwidth\": \"fast\"}",
+                    400,
+                ),
+                ("PUT", "/v1/devices/vda/rate-limit", "{\"bw\": 1}", 400),
+                ("PUT", "/v1/devices/vda/rate-limit", "not json", 400),
+                ("PUT", "/v1/devices/vdq/rate-limit", "{\"iops\": 1}", 404),
+                ("PUT", "/v1/devices/rng0/rate-limit", "{\"iops\": 1}", 409),
+                ("DELETE", "/v1/domain", "", 405),
+                ("GET", "/v1/balloon", "", 404),
+                ("GET", "/nope", "", 404),
+            ] {
+                let (s, v) = api(&sock, m, p, (!b.is_empty()).then_some(b));
+                assert_eq!(s, want, "{m} {p} {b}: {v}");
+                assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+            }
+            let (_, d) = api(&sock, "GET", "/v1/devices/vda", None);
+            assert_eq!(
+                d["rate_limit"]["bandwidth"],
+                64 << 20,
+                "changed by a bad request"
+            );
+            let (s, d) = api(
+                &sock,
+                "PUT",
+                "/v1/devices/vda/rate-limit",
+                Some("{\"bandwidth\": null, \"iops\": 500}"),
+            );
+            assert_eq!(s, 200, "{d}");
+            assert_eq!(
+                d["rate_limit"],
+                serde_json::json!({"bandwidth": null, "iops": 500})
+            );
+            let (_, all) = api(&sock, "GET", "/v1/devices", None);
+            let ids: Vec<&str> = all
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["id"].as_str().unwrap())
+                .collect();
+            assert_eq!(ids, ["vda", "rng0"]);
+            // The server serves the committed OpenAPI document.
+            let (s, doc) = api(&sock, "GET", "/openapi.json", None);
+            assert_eq!(s, 200);
+            let committed: serde_json::Value =
+                serde_json::from_str(include_str!("../../../api/domain.openapi.json")).unwrap();
+            assert_eq!(doc, committed);
+            checked.push("devices");
+        }
+        _ => {}
+    });
+    assert_clean_poweroff(&r);
+    assert_eq!(checked, ["pause", "devices"], "{}", r.stdout);
+    assert!(!sock.exists(), "the API socket outlived the domain");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn balloon_returns_freed_memory_and_inflates_to_a_target() {
+    let dir = scratch("balloon");
+    let sock = dir.join("api.sock");
+    // Fill 200 MiB of tmpfs, free it, then wait while the host checks.
+    let cmd = "mount -t tmpfs -o size=300m none /mnt; dd if=/dev/zero of=/mnt/f bs=1M count=200 2>/dev/null; echo phase=filled; sleep 2; rm /mnt/f; echo phase=freed; sleep 25; echo memtotal=$(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2)";
+    let extra = vec![
+        "--balloon".to_string(),
+        "--api-socket".into(),
+        sock.display().to_string(),
+    ];
+    let (mut filled_rss, mut lowest_rss, mut pid) = (0, u64::MAX, 0);
+    let mut inflated = None;
+    let r = boot_live(&extra, "512M", cmd, |line| match line {
+        "phase=filled" => {
+            pid = api(&sock, "GET", "/v1/domain", None).1["pid"]
+                .as_u64()
+                .unwrap();
+            filled_rss = vm_rss_kib(pid);
+        }
+        "phase=freed" => {
+            // Free page reporting runs about 2 s after pages are freed.
+            let end = Instant::now() + Duration::from_secs(12);
+            while Instant::now() < end && filled_rss.saturating_sub(lowest_rss) < 150 << 10 {
+                std::thread::sleep(Duration::from_millis(250));
+                lowest_rss = lowest_rss.min(vm_rss_kib(pid));
+            }
+            let (s, b) = api(&sock, "GET", "/v1/balloon", None);
+            assert_eq!(s, 200, "{b}");
+            assert!(b["reported_bytes"].as_u64().unwrap() >= 150 << 20, "{b}");
+            assert!(
+                b["statistics"]["total_memory"].as_u64().unwrap() > 256 << 20,
+                "{b}"
+            );
+            // Inflate: the guest keeps 384 MiB of its 512.
+            let (s, b) = api(&sock, "PUT", "/v1/balloon", Some("{\"target_mib\": 384}"));
+            assert_eq!((s, b["target_mib"].as_u64()), (200, Some(384)), "{b}");
+            let (s, _) = api(&sock, "PUT", "/v1/balloon", Some("{\"target_mib\": 4096}"));
+            assert_eq!(s, 400);
+            let end = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < end {
+                let b = api(&sock, "GET", "/v1/balloon", None).1;
+                if b["balloon_actual_mib"].as_u64() == Some(128) {
+                    inflated = Some(b);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+        _ => {}
+    });
+    assert_clean_poweroff(&r);
+    assert!(filled_rss > 0, "{}", r.stdout);
+    let dropped = filled_rss.saturating_sub(lowest_rss) >> 10;
+    assert!(
+        dropped >= 150,
+        "RSS went from {} MiB to {} MiB: only {dropped} MiB back",
+        filled_rss >> 10,
+        lowest_rss >> 10
+    );
+    let b = inflated.expect("the balloon did not reach 128 MiB in 10 s");
+    assert_eq!(b["actual_mib"], 384, "{b}");
+    // The guest's memory shrank by the balloon (no deflate-on-OOM).
+    assert!(value(&r, "memtotal") < 400 << 10, "{}", r.stdout);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -122,7 +122,7 @@ pub fn blk_queue_ok(data: &[u8]) -> usize {
 /// The entropy device's path.
 pub fn rng_queue(data: &[u8]) {
     if let Some((mem, mut q)) = setup(data) {
-        crate::rng::process(&mem, &mut q);
+        crate::rng::process(&mem, &mut q, &Default::default());
     }
 }
 

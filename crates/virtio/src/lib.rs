@@ -9,6 +9,7 @@
 //! `VIRTIO_RING_F_INDIRECT_DESC`. Everything a guest puts in a queue is
 //! treated as hostile: see `block::request` and the fuzz harness.
 
+pub mod balloon;
 pub mod block;
 pub mod epoll;
 pub mod fuzz;
@@ -40,6 +41,11 @@ pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_RNG: u32 = 4;
 pub const TYPE_BALLOON: u32 = 5;
 pub const TYPE_VSOCK: u32 = 19;
+
+/// A device's counters for the API, as (name, value) pairs.
+pub trait Stats: Send + Sync {
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+}
 
 /// What the VMM does for the transport: MSI routes and notify doorbells.
 pub trait Hypervisor: Send + Sync {

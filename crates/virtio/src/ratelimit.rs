@@ -119,6 +119,36 @@ impl RateLimiter {
     }
 }
 
+/// A device's limiter shared with the API: changing the limits wakes the
+/// device (through [`Shared::changed`]) so a request held back under the
+/// old limits is looked at again at once.
+pub struct Shared {
+    limiter: std::sync::Mutex<RateLimiter>,
+    pub changed: vmm_sys_util::eventfd::EventFd,
+}
+
+impl Shared {
+    pub fn new(limits: Limits) -> std::io::Result<Self> {
+        Ok(Self {
+            limiter: std::sync::Mutex::new(RateLimiter::new(limits)),
+            changed: vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, RateLimiter> {
+        self.limiter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.lock().limits()
+    }
+
+    pub fn set_limits(&self, limits: Limits) {
+        self.lock().set_limits(limits);
+        let _ = self.changed.write(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! virtio-rng (entropy device, type 4): one queue whose device-writable
 //! buffers are filled from the host's `getrandom(2)`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -17,6 +18,23 @@ pub const MAX_REQUEST: usize = 64 << 10;
 
 pub struct Rng {
     running: Option<(EventFd, JoinHandle<()>)>,
+    counters: Arc<Counters>,
+}
+
+/// Requests served and bytes handed to the guest.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl crate::Stats for Counters {
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("requests", self.requests.load(Ordering::Relaxed)),
+            ("bytes", self.bytes.load(Ordering::Relaxed)),
+        ]
+    }
 }
 
 impl Default for Rng {
@@ -27,7 +45,14 @@ impl Default for Rng {
 
 impl Rng {
     pub fn new() -> Self {
-        Self { running: None }
+        Self {
+            running: None,
+            counters: Arc::default(),
+        }
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 }
 
@@ -53,7 +78,7 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
 
 /// Serves every available request on `queue`; returns whether the guest
 /// must be interrupted. Hostile chains end the chain early, never the VMM.
-pub fn process(mem: &Memory, queue: &mut Queue) -> bool {
+pub fn process(mem: &Memory, queue: &mut Queue, counters: &Counters) -> bool {
     let mut used_any = false;
     loop {
         if queue.disable_notification(mem).is_err() {
@@ -79,6 +104,8 @@ pub fn process(mem: &Memory, queue: &mut Queue) -> bool {
             if queue.add_used(mem, head, written as u32).is_err() {
                 return used_any;
             }
+            counters.requests.fetch_add(1, Ordering::Relaxed);
+            counters.bytes.fetch_add(written as u64, Ordering::Relaxed);
             used_any = true;
         }
         match queue.enable_notification(mem) {
@@ -89,7 +116,14 @@ pub fn process(mem: &Memory, queue: &mut Queue) -> bool {
     used_any && queue.needs_notification(mem).unwrap_or(true)
 }
 
-fn run(mem: Arc<Memory>, mut queue: Queue, event: EventFd, kill: EventFd, irq: Interrupt) {
+fn run(
+    mem: Arc<Memory>,
+    mut queue: Queue,
+    event: EventFd,
+    kill: EventFd,
+    irq: Interrupt,
+    counters: Arc<Counters>,
+) {
     let mut poller = match Poller::new() {
         Ok(p) => p,
         Err(e) => return crate::warn("rng", format_args!("epoll: {e}")),
@@ -104,7 +138,7 @@ fn run(mem: Arc<Memory>, mut queue: Queue, event: EventFd, kill: EventFd, irq: I
                 return;
             }
             let _ = event.read();
-            if process(&mem, &mut queue) {
+            if process(&mem, &mut queue, &counters) {
                 irq.queue(0);
             }
         }
@@ -136,11 +170,11 @@ impl VirtioDevice for Rng {
             .ok_or(ActivateError::MissingQueue(0))?;
         let kill = EventFd::new(libc::EFD_NONBLOCK)?;
         let k2 = kill.try_clone()?;
-        let (mem, irq) = (a.mem, a.interrupt);
+        let (mem, irq, c) = (a.mem, a.interrupt, self.counters.clone());
         let h = std::thread::Builder::new()
             .name("virtio-rng".into())
             .stack_size(256 << 10)
-            .spawn(move || run(mem, q.queue, q.event, k2, irq))
+            .spawn(move || run(mem, q.queue, q.event, k2, irq, c))
             .map_err(ActivateError::Thread)?;
         self.running = Some((kill, h));
         Ok(())

@@ -43,6 +43,13 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     /// A virtio-rng device fed from the host's getrandom.
     pub rng: bool,
+    /// A virtio-balloon device (inflate/deflate, statistics, free page
+    /// reporting).
+    pub balloon: bool,
+    /// Where to serve the domain's REST API.
+    pub api_socket: Option<PathBuf>,
+    /// The domain's name (shown by the API).
+    pub name: String,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -239,6 +246,9 @@ mod tests {
             console: Console::None,
             disks: Vec::new(),
             rng: false,
+            balloon: false,
+            api_socket: None,
+            name: "t".into(),
         }
     }
 

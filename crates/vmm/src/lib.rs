@@ -4,11 +4,13 @@
 //! the virtual CPUs, and [`probe`] tells whether /dev/kvm runs kernel code at
 //! hardware speed.
 
+pub mod api;
 pub mod config;
 pub mod console;
 pub mod cpuid;
 pub mod irq;
 pub mod memory;
+pub mod pause;
 pub mod probe;
 pub mod vcpu;
 pub mod vm;

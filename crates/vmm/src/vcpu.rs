@@ -11,6 +11,7 @@ use domus_devices::{GuestEvent, PioBus};
 use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, CpuId, Msrs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
+use crate::pause::Pause;
 use crate::{kvm_err, Result};
 
 /// Why a vCPU stopped the domain.
@@ -160,7 +161,9 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &Buses) -> Option<Stop> {
 }
 
 /// Runs a vCPU until it or the guest stops the domain; reports to `stop`.
-pub fn run_loop(mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>) {
+/// Between runs it parks while `pause` says so.
+pub fn run_loop(mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>, pause: Arc<Pause>) {
+    pause.register_current();
     loop {
         let s = match vcpu.run() {
             Ok(exit) => handle_exit(exit, &bus),
@@ -168,9 +171,11 @@ pub fn run_loop(mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>) {
             Err(e) => Some(Stop::Fault(format!("KVM_RUN failed: {e}"))),
         };
         if let Some(s) = s {
+            pause.unregister_current();
             let _ = stop.send(s);
             return;
         }
+        pause.checkpoint();
     }
 }
 

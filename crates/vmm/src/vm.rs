@@ -11,6 +11,7 @@ use domus_devices::pci::{self, PciBus};
 use domus_devices::platform::{self, AcpiPm, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
+use domus_virtio::balloon::{Balloon, BalloonHandle};
 use domus_virtio::block::Block;
 use domus_virtio::pci::VirtioPci;
 use domus_virtio::rng::Rng;
@@ -22,10 +23,12 @@ use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::api;
 use crate::config::{host_memory, io_reason, ConfigError, VmConfig};
 use crate::console;
 use crate::cpuid;
 use crate::irq::KvmIrqs;
+use crate::pause::{self, Pause};
 use crate::vcpu::{self, Buses, Stop};
 use crate::{kvm_err, Error, Result};
 
@@ -165,17 +168,87 @@ fn write_boot_data(
     Ok((k, segments))
 }
 
-/// The PCI bus with the domain's virtio devices: disks (vda, vdb, ... in
-/// order), then the entropy device.
-fn pci_bus(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>, irqs: &Arc<KvmIrqs>) -> Result<PciBus> {
-    let mut devices: Vec<(String, Box<dyn VirtioDevice>)> = Vec::new();
+/// The name the guest gives the `i`th virtio disk: vda, ..., vdz, vdaa, ...
+pub fn disk_name(i: usize) -> String {
+    let mut n = String::new();
+    let mut i = i + 1;
+    while i > 0 {
+        i -= 1;
+        n.insert(0, (b'a' + (i % 26) as u8) as char);
+        i /= 26;
+    }
+    format!("vd{n}")
+}
+
+/// The domain's virtio devices and what the API shows of each.
+struct Devices {
+    virtio: Vec<Box<dyn VirtioDevice>>,
+    api: Vec<api::Device>,
+    balloon: Option<Arc<BalloonHandle>>,
+}
+
+/// The domain's virtio devices: disks (vda, vdb, ... in order), the entropy
+/// device, the balloon.
+fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
+    let mut devices: Vec<(Box<dyn VirtioDevice>, api::Device)> = Vec::new();
+    let mut balloon = None;
     for (i, d) in cfg.disks.iter().enumerate() {
-        let name = format!("disk vd{}", (b'a' + (i % 26) as u8) as char);
-        devices.push((name, Box::new(Block::open(d)?)));
+        let b = Block::open(d)?;
+        let (disk, limiter) = b.handles();
+        let info = serde_json::json!({
+            "path": d.path.display().to_string(),
+            "read_only": d.read_only,
+            "serial": d.id,
+            "sectors": b.capacity(),
+        });
+        let a = api::Device {
+            id: disk_name(i),
+            kind: "block",
+            info,
+            stats: disk,
+            limiter: Some(limiter),
+        };
+        devices.push((Box::new(b), a));
     }
     if cfg.rng {
-        devices.push(("rng".into(), Box::new(Rng::new())));
+        let r = Rng::new();
+        let a = api::Device {
+            id: "rng0".into(),
+            kind: "rng",
+            info: serde_json::json!({"source": "getrandom"}),
+            stats: r.counters(),
+            limiter: None,
+        };
+        devices.push((Box::new(r), a));
     }
+    if cfg.balloon {
+        let b = Balloon::new().map_err(|e| Error::Io("creating the balloon", e))?;
+        let a = api::Device {
+            id: "balloon0".into(),
+            kind: "balloon",
+            info: serde_json::json!({"free_page_reporting": true, "statistics": true}),
+            stats: b.handle(),
+            limiter: None,
+        };
+        balloon = Some(b.handle());
+        devices.push((Box::new(b), a));
+    }
+    let (virtio, api) = devices.into_iter().unzip();
+    Ok(Devices {
+        virtio,
+        api,
+        balloon,
+    })
+}
+
+/// The PCI bus with the domain's virtio devices, in order.
+fn pci_bus(
+    devices: Vec<Box<dyn VirtioDevice>>,
+    names: &[String],
+    mem: &Arc<GuestMemoryMmap>,
+    irqs: &Arc<KvmIrqs>,
+) -> Result<PciBus> {
+    let devices = names.iter().cloned().zip(devices);
     let mut bus = PciBus::new();
     for (i, (name, dev)) in devices.into_iter().enumerate() {
         let bar = layout::PCI_MMIO_BASE + i as u32 * domus_virtio::pci::BAR_SIZE;
@@ -227,6 +300,16 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         source,
     })?;
     let cmdline = params::cmdline_bytes(&cfg.cmdline)?;
+    let api_listener = match &cfg.api_socket {
+        Some(path) => Some(domus_http::bind(path).map_err(|e| {
+            Error::Config(ConfigError::File {
+                what: "API socket",
+                path: path.display().to_string(),
+                reason: io_reason(&e),
+            })
+        })?),
+        None => None,
+    };
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     cfg.validate(max_vcpus(&kvm), host_mem)?;
 
@@ -258,7 +341,9 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         console::output(&cfg.console)?,
     )));
     let irqs = Arc::new(KvmIrqs::new(vm.clone()));
-    let pci = Arc::new(pci_bus(cfg, &mem, &irqs)?);
+    let devices = virtio_devices(cfg)?;
+    let names: Vec<String> = devices.api.iter().map(|d| d.id.clone()).collect();
+    let pci = Arc::new(pci_bus(devices.virtio, &names, &mem, &irqs)?);
     let bus = Buses {
         pio: platform_bus(serial.clone(), pci.clone())?,
         pci,
@@ -270,6 +355,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
     let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
     let (stop_tx, stop_rx) = channel();
+    let pause = Arc::new(Pause::default());
+    pause::install_kick_handler().map_err(|e| Error::Io("installing the vCPU kick handler", e))?;
     let mut vcpus = Vec::new();
     for id in 0..cfg.vcpus {
         let vcpu = vm
@@ -284,14 +371,28 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         vcpus.push(vcpu);
     }
     for (id, vcpu) in vcpus.into_iter().enumerate() {
-        let (bus, tx) = (bus.clone(), stop_tx.clone());
+        let (bus, tx, p) = (bus.clone(), stop_tx.clone(), pause.clone());
         std::thread::Builder::new()
             .name(format!("vcpu{id}"))
             // Small stacks: the exit loop is shallow, and a 2 MiB stack could
             // be backed by a transparent huge page and cost 2 MiB of RSS.
             .stack_size(VCPU_STACK)
-            .spawn(move || vcpu::run_loop(vcpu, bus, tx))
+            .spawn(move || vcpu::run_loop(vcpu, bus, tx, p))
             .map_err(|e| Error::Io("spawning a vCPU thread", e))?;
+    }
+
+    if let Some(listener) = api_listener {
+        let domain = api::Domain {
+            name: cfg.name.clone(),
+            vcpus: cfg.vcpus,
+            memory: cfg.memory,
+            started: std::time::Instant::now(),
+            pause: pause.clone(),
+            devices: devices.api,
+            balloon: devices.balloon,
+        };
+        domus_http::spawn_server("api", listener, Arc::new(move |r| domain.handle(r)))
+            .map_err(|e| Error::Io("starting the API thread", e))?;
     }
 
     let _raw = if cfg.console == crate::Console::Stdout {
@@ -311,6 +412,9 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         .recv()
         .unwrap_or(Stop::Fault("all vCPU threads ended".into()));
     domus_devices::bus::lock(&serial).flush();
+    if let Some(path) = &cfg.api_socket {
+        let _ = std::fs::remove_file(path);
+    }
     // The VM, its memory and the vCPU threads go away with the process.
     std::mem::forget(vm);
     std::mem::forget(mem);

@@ -34,6 +34,25 @@ pub struct Disk {
     pub counters: Counters,
 }
 
+impl crate::Stats for Disk {
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let c = &self.counters;
+        [
+            ("read_ops", &c.read_ops),
+            ("read_bytes", &c.read_bytes),
+            ("write_ops", &c.write_ops),
+            ("write_bytes", &c.write_bytes),
+            ("flush_ops", &c.flush_ops),
+            ("discard_ops", &c.discard_ops),
+            ("errors", &c.errors),
+            ("throttled", &c.throttled),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n, v.load(Ordering::Relaxed)))
+        .collect()
+    }
+}
+
 fn add(c: &AtomicU64, v: u64) {
     c.fetch_add(v, Ordering::Relaxed);
 }

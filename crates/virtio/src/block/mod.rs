@@ -29,7 +29,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::epoll::Poller;
-use crate::ratelimit::{Limits, RateLimiter};
+use crate::ratelimit::{Limits, Shared};
 use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
 pub use io::Counters;
 use io::Disk;
@@ -68,7 +68,7 @@ pub enum OpenError {
 pub struct Block {
     disk: Arc<Disk>,
     capacity: u64,
-    limiter: Arc<Mutex<RateLimiter>>,
+    limiter: Arc<Shared>,
     running: Option<(EventFd, JoinHandle<()>)>,
 }
 
@@ -124,7 +124,10 @@ impl Block {
                 counters: Counters::default(),
             }),
             capacity,
-            limiter: Arc::new(Mutex::new(RateLimiter::new(cfg.limits))),
+            limiter: Arc::new(Shared::new(cfg.limits).map_err(|e| OpenError::Open {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?),
             running: None,
         })
     }
@@ -135,7 +138,7 @@ impl Block {
     }
 
     /// The disk's counters and its rate limiter, for the API.
-    pub fn handles(&self) -> (Arc<Disk>, Arc<Mutex<RateLimiter>>) {
+    pub fn handles(&self) -> (Arc<Disk>, Arc<Shared>) {
         (self.disk.clone(), self.limiter.clone())
     }
 
@@ -292,7 +295,7 @@ struct Engine {
     irq: Interrupt,
     disk: Arc<Disk>,
     capacity: u64,
-    limiter: Arc<Mutex<RateLimiter>>,
+    limiter: Arc<Shared>,
     jobs: Option<Sender<Job>>,
     done_rx: Receiver<Done>,
     pending: Option<Job>,
@@ -303,6 +306,7 @@ const T_QUEUE: u64 = 0;
 const T_KILL: u64 = 1;
 const T_DONE: u64 = 2;
 const T_TIMER: u64 = 3;
+const T_LIMITS: u64 = 4;
 
 impl Engine {
     fn run(mut self, qevt: EventFd, kill: EventFd, done_evt: EventFd) {
@@ -318,7 +322,8 @@ impl Engine {
             .add(&qevt, T_QUEUE)
             .and(poller.add(&kill, T_KILL))
             .and(poller.add(&done_evt, T_DONE))
-            .and(poller.add(&timer, T_TIMER));
+            .and(poller.add(&timer, T_TIMER))
+            .and(poller.add(&self.limiter.changed, T_LIMITS));
         if let Err(e) = added {
             return crate::warn("virtio-blk", format_args!("epoll: {e}"));
         }
@@ -338,6 +343,10 @@ impl Engine {
                         let _ = timer.wait();
                         self.process_queue(&mut timer);
                     }
+                    T_LIMITS => {
+                        let _ = self.limiter.changed.read();
+                        self.process_queue(&mut timer);
+                    }
                     _ => {}
                 }
             }
@@ -352,7 +361,7 @@ impl Engine {
     /// Hands a request to the I/O threads if the limiter allows; else
     /// keeps it and arms the timer. Returns false when throttled.
     fn submit(&mut self, job: Job, timer: &mut TimerFd) -> bool {
-        let r = lock(&self.limiter).consume(job.req.bytes(), Instant::now());
+        let r = self.limiter.lock().consume(job.req.bytes(), Instant::now());
         match r {
             Ok(()) => {
                 if let Some(tx) = &self.jobs {

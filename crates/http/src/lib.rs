@@ -1,0 +1,454 @@
+//! A small HTTP/1.1 server and client over Unix sockets, enough for the
+//! Domus REST APIs: one request per connection (`Connection: close`),
+//! `Content-Length` bodies only, hard limits on every size, and a read
+//! timeout so a silent client cannot hold a connection thread forever.
+//!
+//! Every byte a client sends is untrusted: the parser never panics and
+//! answers anything it does not accept with a 4xx.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest request line plus headers accepted.
+pub const MAX_HEAD: usize = 16 << 10;
+/// The largest request or response body accepted.
+pub const MAX_BODY: usize = 1 << 20;
+/// How long a client may take to send its request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("malformed request: {0}")]
+    Malformed(&'static str),
+    #[error("request head longer than {MAX_HEAD} bytes")]
+    HeadTooLong,
+    #[error("body longer than {MAX_BODY} bytes")]
+    BodyTooLong,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub method: String,
+    /// The path without the query string.
+    pub path: String,
+    pub query: Option<String>,
+    /// Header names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(status: u16, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            status,
+            content_type: "application/json",
+            body: body.into(),
+        }
+    }
+
+    pub fn text(status: u16, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+        }
+    }
+
+    /// `{"error": message}` with `status`.
+    pub fn error(status: u16, message: &str) -> Self {
+        Self::json(status, format!("{{\"error\":{}}}", json_string(message)))
+    }
+
+    pub fn no_content() -> Self {
+        Self::json(204, Vec::new())
+    }
+}
+
+/// `s` as a JSON string literal.
+pub fn json_string(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        204 => "No Content",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// Reads one line ending in `\n` (at most `budget` bytes in all).
+fn read_line(r: &mut impl BufRead, budget: &mut usize) -> Result<String, HttpError> {
+    let mut line = Vec::new();
+    let n = r
+        .by_ref()
+        .take(*budget as u64 + 1)
+        .read_until(b'\n', &mut line)?;
+    if n > *budget {
+        return Err(HttpError::HeadTooLong);
+    }
+    *budget -= n;
+    if !line.ends_with(b"\n") {
+        return Err(HttpError::Malformed("connection closed inside the head"));
+    }
+    line.pop();
+    if line.ends_with(b"\r") {
+        line.pop();
+    }
+    String::from_utf8(line).map_err(|_| HttpError::Malformed("head is not UTF-8"))
+}
+
+/// Reads and parses one request.
+pub fn read_request(r: &mut impl BufRead) -> Result<Request, HttpError> {
+    let mut budget = MAX_HEAD;
+    let line = read_line(r, &mut budget)?;
+    let mut parts = line.split(' ');
+    let (method, target, version) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(m), Some(t), Some(v), None) if !m.is_empty() && !t.is_empty() => (m, t, v),
+        _ => {
+            return Err(HttpError::Malformed(
+                "request line is not METHOD TARGET VERSION",
+            ))
+        }
+    };
+    if version != "HTTP/1.1" && version != "HTTP/1.0" {
+        return Err(HttpError::Malformed("not HTTP/1.0 or HTTP/1.1"));
+    }
+    if !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(HttpError::Malformed("bad method"));
+    }
+    if !target.starts_with('/') {
+        return Err(HttpError::Malformed("target is not an absolute path"));
+    }
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), Some(q.to_string())),
+        None => (target.to_string(), None),
+    };
+    let mut headers = Vec::new();
+    loop {
+        let h = read_line(r, &mut budget)?;
+        if h.is_empty() {
+            break;
+        }
+        let (name, value) = h
+            .split_once(':')
+            .ok_or(HttpError::Malformed("header without ':'"))?;
+        if name.is_empty() || name.contains(' ') {
+            return Err(HttpError::Malformed("bad header name"));
+        }
+        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let mut req = Request {
+        method: method.to_string(),
+        path,
+        query,
+        headers,
+        body: Vec::new(),
+    };
+    if req.header("transfer-encoding").is_some() {
+        return Err(HttpError::Malformed("chunked bodies are not supported"));
+    }
+    if let Some(len) = req.header("content-length") {
+        let len: usize = len
+            .parse()
+            .map_err(|_| HttpError::Malformed("bad Content-Length"))?;
+        if len > MAX_BODY {
+            return Err(HttpError::BodyTooLong);
+        }
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body)?;
+        req.body = body;
+    }
+    Ok(req)
+}
+
+pub fn write_response(w: &mut impl Write, resp: &Response) -> std::io::Result<()> {
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nServer: domus\r\nConnection: close\r\n",
+        resp.status,
+        reason(resp.status)
+    );
+    if resp.status != 204 {
+        out.push_str(&format!(
+            "Content-Type: {}\r\nContent-Length: {}\r\n",
+            resp.content_type,
+            resp.body.len()
+        ));
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    if resp.status != 204 {
+        bytes.extend_from_slice(&resp.body);
+    }
+    w.write_all(&bytes)?;
+    w.flush()
+}
+
+/// Serves one connection: reads a request, answers it, closes.
+pub fn serve_connection(stream: UnixStream, handler: &dyn Fn(&Request) -> Response) {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    let resp = match read_request(&mut reader) {
+        Ok(req) => handler(&req),
+        Err(HttpError::HeadTooLong) => Response::error(431, "request head too long"),
+        Err(HttpError::BodyTooLong) => Response::error(413, "request body too long"),
+        Err(HttpError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Response::error(408, "request not received in time")
+        }
+        Err(HttpError::Io(_)) => return,
+        Err(e) => Response::error(400, &e.to_string()),
+    };
+    let mut w = stream;
+    let _ = write_response(&mut w, &resp);
+}
+
+/// Binds `path` (replacing a stale socket file, refusing anything else that
+/// is in the way) with mode 0600.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another process is serving this socket",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Serves `listener` on a thread of its own, one short-lived thread per
+/// connection.
+pub fn spawn_server(
+    name: &str,
+    listener: UnixListener,
+    handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .stack_size(256 << 10)
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let h = handler.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("api-conn".into())
+                    .stack_size(256 << 10)
+                    .spawn(move || serve_connection(stream, &*h));
+                if spawned.is_err() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        })
+}
+
+/// Sends one request to the server at `socket` and returns the status and
+/// body.
+pub fn request(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String), HttpError> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    if !body.is_empty() || method == "PUT" || method == "POST" {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes())?;
+    let mut r = BufReader::new(s);
+    let mut budget = MAX_HEAD;
+    let status_line = read_line(&mut r, &mut budget)?;
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or(HttpError::Malformed("bad status line"))?;
+    let mut len = None;
+    loop {
+        let h = read_line(&mut r, &mut budget)?;
+        if h.is_empty() {
+            break;
+        }
+        if let Some((n, v)) = h.split_once(':') {
+            if n.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse::<usize>().ok();
+            }
+        }
+    }
+    let mut body = Vec::new();
+    match len {
+        Some(n) if n > MAX_BODY => return Err(HttpError::BodyTooLong),
+        Some(n) => {
+            body.resize(n, 0);
+            r.read_exact(&mut body)?;
+        }
+        None => {
+            r.take(MAX_BODY as u64).read_to_end(&mut body)?;
+        }
+    }
+    let body = String::from_utf8(body).map_err(|_| HttpError::Malformed("body is not UTF-8"))?;
+    Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &[u8]) -> Result<Request, HttpError> {
+        read_request(&mut BufReader::new(s))
+    }
+
+    #[test]
+    fn parses_a_request_with_a_body() {
+        let r = parse(b"PUT /v1/x?a=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}").unwrap();
+        assert_eq!(r.method, "PUT");
+        assert_eq!(r.path, "/v1/x");
+        assert_eq!(r.query.as_deref(), Some("a=1"));
+        assert_eq!(r.header("HOST"), Some("h"));
+        assert_eq!(r.body, b"{}");
+    }
+
+    #[test]
+    fn rejects_bad_requests() {
+        for bad in [
+            &b""[..],
+            b"GET\r\n\r\n",
+            b"GET / HTTP/2\r\n\r\n",
+            b"get / HTTP/1.1\r\n\r\n",
+            b"GET x HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1 extra\r\n\r\n",
+            b"GET / HTTP/1.1\r\nNoColon\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab",
+            b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: \xff\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x",
+        ] {
+            assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn limits_hold() {
+        let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        big.extend(std::iter::repeat_n(b'a', MAX_HEAD));
+        big.extend(b"\r\n\r\n");
+        assert!(matches!(parse(&big), Err(HttpError::HeadTooLong)));
+        let body = format!("PUT / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", MAX_BODY + 1);
+        assert!(matches!(
+            parse(body.as_bytes()),
+            Err(HttpError::BodyTooLong)
+        ));
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_string("a\"b\\c\n\u{1}"), r#""a\"b\\c\n\u0001""#);
+    }
+
+    #[test]
+    fn round_trip_over_a_socket() {
+        let dir = std::env::temp_dir().join(format!("domus-http-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("api.sock");
+        let l = bind(&sock).unwrap();
+        let h: Arc<dyn Fn(&Request) -> Response + Send + Sync> = Arc::new(|r: &Request| {
+            Response::json(
+                200,
+                format!(
+                    "{{\"path\":{},\"len\":{}}}",
+                    json_string(&r.path),
+                    r.body.len()
+                ),
+            )
+        });
+        spawn_server("test-api", l, h).unwrap();
+        let (s, b) = request(&sock, "PUT", "/v1/a", Some("{\"x\":1}")).unwrap();
+        assert_eq!(s, 200);
+        assert_eq!(b, r#"{"path":"/v1/a","len":7}"#);
+        // A garbage request gets a 400 with a message.
+        let mut raw = UnixStream::connect(&sock).unwrap();
+        raw.write_all(b"NOT HTTP\r\n\r\n").unwrap();
+        let mut out = String::new();
+        raw.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 400 "), "{out}");
+        assert!(out.contains("\"error\""), "{out}");
+        // A second server on a live socket is refused; a stale one is replaced.
+        assert!(bind(&sock).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,123 @@
+//! `domus-ioload PATH SECONDS`: sequential read and write (1 MiB blocks) and
+//! 4 KiB random read and write (one at a time) against a file or block
+//! device, each for SECONDS, with O_DIRECT where the file system allows it.
+//! Prints one `key=value` line per result, for bench/io. Built as a static
+//! binary so the same program runs in guests and on the host.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::time::{Duration, Instant};
+
+const BIG: usize = 1 << 20;
+const SMALL: usize = 4096;
+
+/// A buffer aligned for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory");
+        Self { ptr, len }
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `len` bytes we allocated and own.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+fn open(path: &str) -> (File, bool) {
+    let direct = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path);
+    match direct {
+        Ok(f) => (f, true),
+        Err(_) => (
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .unwrap_or_else(|e| panic!("{path}: {e}")),
+            false,
+        ),
+    }
+}
+
+/// xorshift64*.
+fn next(s: &mut u64) -> u64 {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    s.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+fn run(secs: f64, mut op: impl FnMut(u64)) -> (u64, f64) {
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut n = 0;
+    while Instant::now() < end {
+        op(n);
+        n += 1;
+    }
+    (n, start.elapsed().as_secs_f64())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 3 {
+        eprintln!("usage: domus-ioload PATH SECONDS");
+        std::process::exit(2);
+    }
+    let secs: f64 = args[2].parse().expect("SECONDS");
+    let (mut f, direct) = open(&args[1]);
+    let size = f.seek(SeekFrom::End(0)).expect("size").min(256 << 20);
+    let big_blocks = size / BIG as u64;
+    let small_blocks = size / SMALL as u64;
+    assert!(big_blocks > 0, "{} is smaller than 1 MiB", args[1]);
+    let mut buf = Aligned::new(BIG);
+    for (i, b) in buf.slice().iter_mut().enumerate() {
+        *b = (i * 7 + 3) as u8;
+    }
+    println!("direct={}", u8::from(direct));
+    let sync = |f: &File| {
+        if !direct {
+            let _ = f.sync_data();
+        }
+    };
+
+    let (n, t) = run(secs, |i| {
+        f.write_all_at(buf.slice(), (i % big_blocks) * BIG as u64)
+            .expect("write");
+    });
+    sync(&f);
+    println!("seq_write_mbs={:.1}", n as f64 * BIG as f64 / t / 1e6);
+
+    let (n, t) = run(secs, |i| {
+        f.read_exact_at(buf.slice(), (i % big_blocks) * BIG as u64)
+            .expect("read");
+    });
+    println!("seq_read_mbs={:.1}", n as f64 * BIG as f64 / t / 1e6);
+
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let (n, t) = run(secs, |_| {
+        let at = next(&mut seed) % small_blocks * SMALL as u64;
+        f.read_exact_at(&mut buf.slice()[..SMALL], at)
+            .expect("read");
+    });
+    println!("rand_read_iops={:.0}", n as f64 / t);
+
+    let (n, t) = run(secs, |_| {
+        let at = next(&mut seed) % small_blocks * SMALL as u64;
+        f.write_all_at(&buf.slice()[..SMALL], at).expect("write");
+    });
+    sync(&f);
+    println!("rand_write_iops={:.0}", n as f64 / t);
+}

@@ -1,0 +1,456 @@
+//! The per-domain REST API (`domus run --api-socket PATH`): domain info and
+//! state, pause and resume, device counters and rate limits, the balloon.
+//!
+//! The routes are listed once, in [`ROUTES`]; the dispatcher matches
+//! against that list and a unit test checks it against the committed
+//! OpenAPI document (`api/domain.openapi.json`), so the two cannot drift.
+//! Every request body is untrusted: anything malformed gets a 4xx with a
+//! message and changes nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use domus_http::{Request, Response};
+use domus_virtio::balloon::BalloonHandle;
+use domus_virtio::ratelimit::{Limits, Shared};
+use domus_virtio::Stats;
+use serde_json::{json, Map, Value};
+
+use crate::pause::Pause;
+
+/// The OpenAPI document of this API, as committed.
+pub const OPENAPI: &str = include_str!("../../../api/domain.openapi.json");
+
+/// How long a pause may take before it is reported as failed.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Every route: (method, path template). `{id}` matches one path segment.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/openapi.json"),
+    ("GET", "/v1/domain"),
+    ("PUT", "/v1/domain/pause"),
+    ("PUT", "/v1/domain/resume"),
+    ("GET", "/v1/devices"),
+    ("GET", "/v1/devices/{id}"),
+    ("PUT", "/v1/devices/{id}/rate-limit"),
+    ("GET", "/v1/balloon"),
+    ("PUT", "/v1/balloon"),
+];
+
+/// One device as the API shows it.
+pub struct Device {
+    /// The name in URLs: `vda`, `vdb`, ... for disks, `rng0`, `balloon0`.
+    pub id: String,
+    /// `block`, `rng`, `balloon`.
+    pub kind: &'static str,
+    /// Extra fixed facts (path, read-only, ...).
+    pub info: Value,
+    pub stats: Arc<dyn Stats>,
+    pub limiter: Option<Arc<Shared>>,
+}
+
+/// What the API serves.
+pub struct Domain {
+    pub name: String,
+    pub vcpus: u32,
+    pub memory: u64,
+    pub started: Instant,
+    pub pause: Arc<Pause>,
+    pub devices: Vec<Device>,
+    pub balloon: Option<Arc<BalloonHandle>>,
+}
+
+fn ok(v: Value) -> Response {
+    Response::json(200, v.to_string())
+}
+
+/// Finds the route for `method` and `path`: Ok((index, `{id}` value)), or
+/// the error response (404 for an unknown path, 405 for a known path with
+/// another method).
+pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>), Response> {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let mut path_known = false;
+    for (i, (m, tpl)) in ROUTES.iter().enumerate() {
+        let t: Vec<&str> = tpl.split('/').collect();
+        if t.len() != segs.len() {
+            continue;
+        }
+        let mut id = None;
+        let matched = t.iter().zip(&segs).all(|(t, s)| {
+            if *t == "{id}" {
+                id = Some(*s);
+                !s.is_empty()
+            } else {
+                t == s
+            }
+        });
+        if matched {
+            path_known = true;
+            if *m == method {
+                return Ok((i, id));
+            }
+        }
+    }
+    Err(if path_known {
+        Response::error(405, &format!("{method} is not allowed on {path}"))
+    } else {
+        Response::error(404, &format!("no such resource: {path}"))
+    })
+}
+
+/// Parses a JSON object body whose keys must all be in `allowed`.
+fn object_body(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Response> {
+    if req.body.is_empty() {
+        return Err(Response::error(400, "a JSON object body is required"));
+    }
+    let v: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| Response::error(400, &format!("body is not valid JSON: {e}")))?;
+    let Value::Object(m) = v else {
+        return Err(Response::error(400, "body must be a JSON object"));
+    };
+    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Response::error(
+            400,
+            &format!("unknown field '{k}' (allowed: {})", allowed.join(", ")),
+        ));
+    }
+    Ok(m)
+}
+
+/// A field that must be absent, null or a non-negative integer.
+fn opt_u64(m: &Map<String, Value>, key: &str) -> Result<Option<Option<u64>>, Response> {
+    match m.get(key) {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(None)),
+        Some(v) => match v.as_u64() {
+            Some(n) => Ok(Some(Some(n))),
+            None => Err(Response::error(
+                400,
+                &format!("'{key}' must be a non-negative integer or null"),
+            )),
+        },
+    }
+}
+
+/// The balloon as the API shows it; asks the driver for fresh statistics
+/// and waits briefly for them.
+fn balloon_json(b: &BalloonHandle, memory: u64) -> Value {
+    let asked = Instant::now();
+    let _ = b.statistics();
+    b.wait_statistics(asked, Duration::from_millis(200));
+    let (stats, age) = b.statistics();
+    let stats: Map<String, Value> = stats
+        .into_iter()
+        .map(|(tag, v)| {
+            let name = domus_virtio::balloon::stat_name(tag)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("tag_{tag}"));
+            (name, Value::from(v))
+        })
+        .collect();
+    let mib = |pages: u64| pages >> (20 - 12);
+    json!({
+        "target_mib": (memory >> 20).saturating_sub(mib(b.target_pages())),
+        "balloon_target_mib": mib(b.target_pages()),
+        "balloon_actual_mib": mib(b.actual_pages()),
+        "actual_mib": (memory >> 20).saturating_sub(mib(b.actual_pages())),
+        "reported_bytes": b.reported_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        "statistics": stats,
+        "statistics_age_s": age.map(|a| a.as_secs_f64()),
+    })
+}
+
+fn limits_json(l: Limits) -> Value {
+    json!({ "bandwidth": l.bytes_per_sec, "iops": l.ops_per_sec })
+}
+
+impl Domain {
+    pub fn state(&self) -> &'static str {
+        if self.pause.is_paused() {
+            "paused"
+        } else {
+            "running"
+        }
+    }
+
+    fn info(&self) -> Value {
+        json!({
+            "name": self.name,
+            "state": self.state(),
+            "pid": std::process::id(),
+            "vcpus": self.vcpus,
+            "memory_mib": self.memory >> 20,
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "vcpu_tids": self.pause.vcpu_tids(),
+            "devices": self.devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+        })
+    }
+
+    fn device_json(d: &Device) -> Value {
+        let counters: Map<String, Value> = d
+            .stats
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::from(v)))
+            .collect();
+        json!({
+            "id": d.id,
+            "type": d.kind,
+            "info": d.info,
+            "counters": counters,
+            "rate_limit": d.limiter.as_ref().map(|l| limits_json(l.limits())),
+        })
+    }
+
+    fn device(&self, id: &str) -> Result<&Device, Response> {
+        self.devices
+            .iter()
+            .find(|d| d.id == id)
+            .ok_or_else(|| Response::error(404, &format!("no device '{id}'")))
+    }
+
+    fn set_rate_limit(&self, id: &str, req: &Request) -> Result<Response, Response> {
+        let d = self.device(id)?;
+        let Some(l) = &d.limiter else {
+            return Err(Response::error(
+                409,
+                &format!("device '{id}' has no rate limiter"),
+            ));
+        };
+        let m = object_body(req, &["bandwidth", "iops"])?;
+        let bw = opt_u64(&m, "bandwidth")?;
+        let iops = opt_u64(&m, "iops")?;
+        let mut limits = l.limits();
+        if let Some(bw) = bw {
+            limits.bytes_per_sec = bw.filter(|v| *v > 0);
+        }
+        if let Some(iops) = iops {
+            limits.ops_per_sec = iops.filter(|v| *v > 0);
+        }
+        l.set_limits(limits);
+        Ok(ok(Self::device_json(d)))
+    }
+
+    fn balloon(&self) -> Result<&BalloonHandle, Response> {
+        self.balloon.as_deref().ok_or_else(|| {
+            Response::error(404, "this domain has no balloon (start it with --balloon)")
+        })
+    }
+
+    fn set_balloon(&self, req: &Request) -> Result<Response, Response> {
+        let b = self.balloon()?;
+        let m = object_body(req, &["target_mib"])?;
+        let target = match opt_u64(&m, "target_mib")? {
+            Some(Some(t)) => t,
+            _ => return Err(Response::error(400, "'target_mib' is required")),
+        };
+        let mem_mib = self.memory >> 20;
+        if target > mem_mib {
+            return Err(Response::error(
+                400,
+                &format!("target_mib {target} is more than the domain's {mem_mib} MiB"),
+            ));
+        }
+        // The balloon holds what the guest gives up.
+        b.set_target_pages((mem_mib - target) << (20 - 12));
+        Ok(ok(balloon_json(b, self.memory)))
+    }
+
+    /// Answers one request.
+    pub fn handle(&self, req: &Request) -> Response {
+        let (i, id) = match route(&req.method, &req.path) {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        };
+        let id = id.unwrap_or_default();
+        let r = match ROUTES[i].1 {
+            "/openapi.json" => Ok(Response::json(200, OPENAPI)),
+            "/v1/domain" => Ok(ok(self.info())),
+            "/v1/domain/pause" => match self.pause.pause(self.vcpus as usize, PAUSE_TIMEOUT) {
+                Ok(()) => Ok(ok(self.info())),
+                Err(e) => Err(Response::error(500, &e.to_string())),
+            },
+            "/v1/domain/resume" => {
+                self.pause.resume();
+                Ok(ok(self.info()))
+            }
+            "/v1/devices" => Ok(ok(Value::Array(
+                self.devices.iter().map(Self::device_json).collect(),
+            ))),
+            "/v1/devices/{id}" => self.device(id).map(|d| ok(Self::device_json(d))),
+            "/v1/devices/{id}/rate-limit" => self.set_rate_limit(id, req),
+            "/v1/balloon" if req.method == "GET" => {
+                self.balloon().map(|b| ok(balloon_json(b, self.memory)))
+            }
+            "/v1/balloon" => self.set_balloon(req),
+            _ => Err(Response::error(500, "route without a handler")),
+        };
+        r.unwrap_or_else(|e| e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn req(method: &str, path: &str, body: &str) -> Request {
+        Request {
+            method: method.into(),
+            path: path.into(),
+            query: None,
+            headers: Vec::new(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn domain() -> Domain {
+        struct Fixed;
+        impl Stats for Fixed {
+            fn counters(&self) -> Vec<(&'static str, u64)> {
+                vec![("read_ops", 3)]
+            }
+        }
+        Domain {
+            name: "t".into(),
+            vcpus: 0,
+            memory: 256 << 20,
+            started: Instant::now(),
+            pause: Arc::new(Pause::default()),
+            devices: vec![Device {
+                id: "vda".into(),
+                kind: "block",
+                info: json!({"path": "/x"}),
+                stats: Arc::new(Fixed),
+                limiter: Some(Arc::new(Shared::new(Limits::default()).unwrap())),
+            }],
+            balloon: Some(Arc::new(BalloonHandle::new().unwrap())),
+        }
+    }
+
+    fn body(r: &Response) -> Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    /// Every (method, path) in the OpenAPI document, paths as written there.
+    fn documented() -> BTreeSet<(String, String)> {
+        let doc: Value = serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON");
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+        let mut out = BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for m in ops.as_object().unwrap().keys() {
+                if m != "parameters" {
+                    out.insert((m.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_routes() {
+        let served: BTreeSet<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(documented(), served);
+    }
+
+    #[test]
+    fn every_route_has_a_handler() {
+        let d = domain();
+        for (m, p) in ROUTES {
+            let path = p.replace("{id}", "vda");
+            let r = d.handle(&req(m, &path, "{}"));
+            assert!(
+                r.status != 404 && r.status != 405 && r.status != 500,
+                "{m} {path}: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+    }
+
+    #[test]
+    fn documented_response_fields_are_served() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        let d = domain();
+        for (schema, path) in [
+            ("DomainInfo", "/v1/domain"),
+            ("Device", "/v1/devices/vda"),
+            ("Balloon", "/v1/balloon"),
+        ] {
+            let got = body(&d.handle(&req("GET", path, "")));
+            for f in doc["components"]["schemas"][schema]["required"]
+                .as_array()
+                .unwrap()
+            {
+                let f = f.as_str().unwrap();
+                assert!(got.get(f).is_some(), "{path} lacks '{f}': {got}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_paths_and_methods() {
+        let d = domain();
+        assert_eq!(d.handle(&req("GET", "/v1/nope", "")).status, 404);
+        assert_eq!(d.handle(&req("DELETE", "/v1/domain", "")).status, 405);
+        assert_eq!(d.handle(&req("GET", "/v1/devices/vdz", "")).status, 404);
+        assert_eq!(d.handle(&req("GET", "/v1/devices/", "")).status, 200);
+    }
+
+    #[test]
+    fn rate_limits_change_and_bad_bodies_change_nothing() {
+        let d = domain();
+        let put = |b: &str| d.handle(&req("PUT", "/v1/devices/vda/rate-limit", b));
+        let r = put(r#"{"bandwidth": 1048576}"#);
+        assert_eq!(r.status, 200);
+        assert_eq!(body(&r)["rate_limit"]["bandwidth"], 1048576);
+        assert_eq!(body(&r)["rate_limit"]["iops"], Value::Null);
+        let r = put(r#"{"iops": 100}"#);
+        assert_eq!(body(&r)["rate_limit"]["bandwidth"], 1048576, "kept");
+        for bad in [
+            "",
+            "nope",
+            "[]",
+            r#"{"bandwidth": -1}"#,
+            r#"{"bandwidth": "1M"}"#,
+            r#"{"iops": 1.5}"#,
+            r#"{"colour": 1}"#,
+        ] {
+            let r = put(bad);
+            assert_eq!(r.status, 400, "{bad}");
+            assert!(body(&r)["error"].as_str().is_some());
+        }
+        let l = d.devices[0].limiter.as_ref().unwrap().limits();
+        assert_eq!(l.bytes_per_sec, Some(1048576));
+        assert_eq!(l.ops_per_sec, Some(100));
+        let r = put(r#"{"bandwidth": null, "iops": 0}"#);
+        assert_eq!(
+            body(&r)["rate_limit"],
+            json!({"bandwidth": null, "iops": null})
+        );
+    }
+
+    #[test]
+    fn balloon_target_is_checked() {
+        let d = domain();
+        let put = |b: &str| d.handle(&req("PUT", "/v1/balloon", b));
+        assert_eq!(put(r#"{"target_mib": 257}"#).status, 400);
+        assert_eq!(put(r#"{}"#).status, 400);
+        let r = put(r#"{"target_mib": 200}"#);
+        assert_eq!(r.status, 200);
+        assert_eq!(body(&r)["target_mib"], 200);
+        assert_eq!(d.balloon.as_ref().unwrap().target_pages(), 56 << 8);
+    }
+
+    #[test]
+    fn pause_and_resume_report_the_state() {
+        let d = domain();
+        let r = d.handle(&req("PUT", "/v1/domain/pause", ""));
+        assert_eq!(body(&r)["state"], "paused");
+        let r = d.handle(&req("PUT", "/v1/domain/resume", ""));
+        assert_eq!(body(&r)["state"], "running");
+    }
+}
