@@ -401,6 +401,12 @@ impl Engine {
         if !ok {
             return crate::warn("balloon", format_args!("epoll set-up failed"));
         }
+        // Linux queues its first stats buffer (and may queue more) before
+        // DRIVER_OK, when its kick reaches no one: look at every queue once.
+        self.stats_arrived();
+        self.inflate();
+        self.deflate();
+        self.report();
         // The target may have been set before the driver came up.
         self.wake();
         loop {

@@ -31,6 +31,16 @@ impl Poller {
         )
     }
 
+    /// Turns watching `fd` (added before) on or off.
+    pub fn set_watching(&self, fd: &impl AsRawFd, token: u64, on: bool) -> std::io::Result<()> {
+        let events = if on { EventSet::IN } else { EventSet::empty() };
+        self.epoll.ctl(
+            ControlOperation::Modify,
+            fd.as_raw_fd(),
+            EpollEvent::new(events, token),
+        )
+    }
+
     /// Blocks until something is ready (or `timeout_ms`, -1 for none);
     /// returns the ready tokens. Interrupted waits return no tokens.
     pub fn wait(&mut self, timeout_ms: i32) -> std::io::Result<Vec<u64>> {

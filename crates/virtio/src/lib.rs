@@ -14,6 +14,7 @@ pub mod block;
 pub mod epoll;
 pub mod fuzz;
 pub mod msix;
+pub mod net;
 pub mod pci;
 pub mod ratelimit;
 pub mod rng;
