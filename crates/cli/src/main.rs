@@ -76,6 +76,13 @@ struct RunArgs {
     /// example 10M), iops=N.
     #[arg(long, value_name = "PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]", value_parser = domus_vmm::config::parse_disk)]
     disk: Vec<domus_virtio::block::DiskConfig>,
+    /// A virtio-net interface on a tap device (repeatable; the guest sees
+    /// eth0, eth1, ... in order). The tap is opened if it exists (put it on
+    /// a bridge first) and created otherwise. Options: mac=MAC (default
+    /// 52:54:00 and a hash of the tap name), bw=SIZE (bytes per second),
+    /// pps=N (packets per second), both directions together.
+    #[arg(long, value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]", value_parser = domus_vmm::config::parse_net)]
+    net: Vec<domus_virtio::net::NetConfig>,
     /// Leave out the virtio-rng entropy device (present by default, fed from
     /// the host's getrandom).
     #[arg(long)]
@@ -115,6 +122,7 @@ fn run(args: RunArgs) -> ExitCode {
         memory: args.memory,
         console: args.console,
         disks: args.disk,
+        nets: args.net,
         rng: !args.no_rng,
         balloon: args.balloon,
         api_socket: args.api_socket,

@@ -782,3 +782,140 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
     assert!(value(&r, "memtotal") < 400 << 10, "{}", r.stdout);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The static guest helper (crates/guest), built by tools/test.
+fn guest_helper() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/x86_64-unknown-linux-gnu/release/domus-guest");
+    assert!(
+        p.is_file(),
+        "{} missing: build it with RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p domus-guest --target x86_64-unknown-linux-gnu",
+        p.display()
+    );
+    p
+}
+
+/// A raw disk image holding the helper; returns the `domus run` arguments
+/// and the guest command that copies it to /h (the disk must be vda).
+fn helper_disk(dir: &std::path::Path) -> (Vec<String>, String) {
+    let bin = std::fs::read(guest_helper()).unwrap();
+    let img = dir.join("helper.img");
+    let mut padded = bin.clone();
+    padded.resize(bin.len().div_ceil(512) * 512, 0);
+    std::fs::write(&img, padded).unwrap();
+    (
+        disk_arg(format!("{},ro", img.display())),
+        format!("head -c {} /dev/vda > /h; chmod +x /h; ", bin.len()),
+    )
+}
+
+/// Runs `ip ARGS`, panicking with its message on failure.
+fn ip(args: &str) {
+    let out = Command::new("ip")
+        .args(args.split(' '))
+        .output()
+        .expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bridge with taps, removed again on drop.
+struct Bridge {
+    links: Vec<String>,
+}
+
+impl Bridge {
+    fn new(name: &str, addr: &str, taps: &[&str]) -> Self {
+        let mut b = Bridge { links: Vec::new() };
+        ip(&format!("link add {name} type bridge"));
+        b.links.push(name.to_string());
+        ip(&format!("addr add {addr} dev {name}"));
+        ip(&format!("link set {name} up"));
+        for t in taps {
+            ip(&format!("tuntap add dev {t} mode tap"));
+            b.links.push(t.to_string());
+            ip(&format!("link set {t} master {name}"));
+            ip(&format!("link set {t} up"));
+        }
+        b
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        for l in self.links.iter().rev() {
+            let _ = Command::new("ip").args(["link", "del", l]).status();
+        }
+    }
+}
+
+/// Every value printed as `key=value` (several per line allowed).
+fn all_words(run: &Run, key: &str) -> Vec<String> {
+    let prefix = format!("{key}=");
+    run.stdout
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(&prefix).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
+    let dir = scratch("net");
+    let (helper_args, fetch) = helper_disk(&dir);
+    let tag = std::process::id() % 100_000;
+    let (br, ta, tb) = (
+        format!("dbr{tag}"),
+        format!("dta{tag}"),
+        format!("dtb{tag}"),
+    );
+    let _bridge = Bridge::new(&br, "10.77.0.1/24", &[&ta, &tb]);
+    // The host end of guest-to-host: the helper itself, on the bridge.
+    let host_recv = Command::new(guest_helper())
+        .args(["recv", "tcp", "5001"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = "ip link set lo up; ip link set eth0 up; ip addr add ADDR/24 dev eth0; ";
+    let a_cmd = format!(
+        "{fetch}{}/h recv tcp 5000 > /tmp/r & sleep 1; ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
+        up.replace("ADDR", "10.77.0.2")
+    );
+    let b_cmd = format!(
+        "{fetch}{}for i in $(seq 60); do ping -c 1 -W 1 10.77.0.2 >/dev/null && break; done; sleep 2; /h send tcp 10.77.0.2 5000 100; /h send tcp 10.77.0.1 5001 10; cat /sys/class/net/eth0/address | sed 's/^/mac=/'",
+        up.replace("ADDR", "10.77.0.3")
+    );
+    let mut a_args = helper_args.clone();
+    a_args.extend(["--net".into(), format!("tap={ta}")]);
+    let mut b_args = helper_args.clone();
+    b_args.extend(["--net".into(), format!("tap={tb},mac=52:54:00:12:34:56")]);
+    let k = kit().kernel;
+    let a = std::thread::spawn(move || boot_full(&k, &a_args, 1, "256M", "", &a_cmd));
+    let k = kit().kernel;
+    let b = std::thread::spawn(move || boot_full(&k, &b_args, 1, "256M", "", &b_cmd));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    let host = host_recv.wait_with_output().unwrap();
+    let host_out = String::from_utf8_lossy(&host.stdout).to_string();
+    assert_clean_poweroff(&a);
+    assert_clean_poweroff(&b);
+    assert_eq!(value(&a, "pings"), 3, "{}", a.stdout);
+    let sent = all_words(&b, "sent_hash");
+    let sent_bytes = all_words(&b, "sent_bytes");
+    assert_eq!(sent_bytes, ["104857600", "10485760"], "{}", b.stdout);
+    assert_eq!(all_words(&a, "recv_bytes"), ["104857600"], "{}", a.stdout);
+    assert_eq!(
+        all_words(&a, "recv_hash"),
+        [sent[0].clone()],
+        "guest to guest"
+    );
+    assert!(
+        host_out.contains(&format!("recv_hash={}", sent[1]))
+            && host_out.contains("recv_bytes=10485760"),
+        "guest to host: {host_out} vs {}",
+        b.stdout
+    );
+    assert_eq!(word(&b, "mac"), "52:54:00:12:34:56");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use domus_boot::layout::MIN_MEMORY;
 use domus_virtio::block::DiskConfig;
+use domus_virtio::net::NetConfig;
 
 /// Where the guest's serial console goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +42,8 @@ pub struct VmConfig {
     pub console: Console,
     /// virtio-blk disks, in the order the guest sees them (vda, vdb, ...).
     pub disks: Vec<DiskConfig>,
+    /// virtio-net interfaces on taps, in order (eth0, eth1, ...).
+    pub nets: Vec<NetConfig>,
     /// A virtio-rng device fed from the host's getrandom.
     pub rng: bool,
     /// A virtio-balloon device (inflate/deflate, statistics, free page
@@ -68,6 +71,46 @@ pub enum ConfigError {
     TooLittleMemory(u64),
     #[error("--memory {0} MiB is more than this host has ({1} MiB)")]
     TooMuchMemory(u64, u64),
+}
+
+/// Parses a `--net` value: `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`; `bw`
+/// is bytes per second and `pps` packets per second, both directions
+/// together.
+pub fn parse_net(s: &str) -> Result<NetConfig, String> {
+    let mut n = NetConfig::default();
+    for p in s.split(',') {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        match (k, v) {
+            ("tap", v) if !v.is_empty() => n.tap = v.to_string(),
+            ("mac", v) => {
+                let m = domus_virtio::net::parse_mac(v)
+                    .ok_or_else(|| format!("'{p}': a MAC is six hex pairs, 52:54:00:12:34:56"))?;
+                if m[0] & 1 != 0 {
+                    return Err(format!("'{p}': a multicast MAC cannot be an interface's"));
+                }
+                n.mac = Some(m);
+            }
+            ("bw", v) => {
+                let bytes = parse_rate_size(v).map_err(|e| format!("'{p}': {e}"))?;
+                n.limits.bytes_per_sec = Some(bytes);
+            }
+            ("pps", v) => {
+                let r: u64 = v
+                    .parse()
+                    .map_err(|_| format!("'{p}': pps must be a whole number"))?;
+                n.limits.ops_per_sec = Some(r);
+            }
+            _ => {
+                return Err(format!(
+                    "'{p}': unknown network option (known: tap=NAME, mac=MAC, bw=SIZE, pps=N)"
+                ))
+            }
+        }
+    }
+    if n.tap.is_empty() {
+        return Err(format!("'{s}': the interface needs tap=NAME"));
+    }
+    Ok(n)
 }
 
 /// Parses a `--disk` value: `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`, where
@@ -245,10 +288,31 @@ mod tests {
             memory: 256 << 20,
             console: Console::None,
             disks: Vec::new(),
+            nets: Vec::new(),
             rng: false,
             balloon: false,
             api_socket: None,
             name: "t".into(),
+        }
+    }
+
+    #[test]
+    fn net_specs() {
+        let n = parse_net("tap=tap0,mac=52:54:00:00:00:01,bw=10M,pps=1000").unwrap();
+        assert_eq!(n.tap, "tap0");
+        assert_eq!(n.mac, Some([0x52, 0x54, 0, 0, 0, 1]));
+        assert_eq!(n.limits.bytes_per_sec, Some(10 << 20));
+        assert_eq!(n.limits.ops_per_sec, Some(1000));
+        for bad in [
+            "",
+            "mac=52:54:00:00:00:01",
+            "tap=",
+            "tap=t,mac=01:00:00:00:00:00",
+            "tap=t,mac=zz",
+            "tap=t,pps=x",
+            "tap=t,colour=red",
+        ] {
+            assert!(parse_net(bad).is_err(), "{bad}");
         }
     }
 

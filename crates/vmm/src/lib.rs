@@ -61,6 +61,8 @@ pub enum Error {
     #[error("{0}")]
     Disk(#[from] domus_virtio::block::OpenError),
     #[error("{0}")]
+    Net(#[from] domus_virtio::net::NetError),
+    #[error("{0}")]
     Devices(String),
 }
 
@@ -74,6 +76,7 @@ impl Error {
                 | Error::Initrd { .. }
                 | Error::ConsoleFile { .. }
                 | Error::Disk(_)
+                | Error::Net(_)
         )
     }
 }

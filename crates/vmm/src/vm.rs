@@ -13,6 +13,7 @@ use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
 use domus_virtio::balloon::{Balloon, BalloonHandle};
 use domus_virtio::block::Block;
+use domus_virtio::net::Net;
 use domus_virtio::pci::VirtioPci;
 use domus_virtio::rng::Rng;
 use domus_virtio::{Hypervisor, VirtioDevice};
@@ -209,6 +210,22 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
             limiter: Some(limiter),
         };
         devices.push((Box::new(b), a));
+    }
+    for (i, n) in cfg.nets.iter().enumerate() {
+        let net = Net::open(n)?;
+        let (counters, limiter) = net.handles();
+        let a = api::Device {
+            id: format!("net{i}"),
+            kind: "net",
+            info: serde_json::json!({
+                "tap": n.tap,
+                "mac": domus_virtio::net::format_mac(&net.mac()),
+                "backend": "userspace",
+            }),
+            stats: counters,
+            limiter: Some(limiter),
+        };
+        devices.push((Box::new(net), a));
     }
     if cfg.rng {
         let r = Rng::new();

@@ -1,8 +1,7 @@
-//! `domus-ioload PATH SECONDS`: sequential read and write (1 MiB blocks) and
+//! `domus-guest ioload PATH SECONDS`: sequential read and write (1 MiB blocks) and
 //! 4 KiB random read and write (one at a time) against a file or block
 //! device, each for SECONDS, with O_DIRECT where the file system allows it.
-//! Prints one `key=value` line per result, for bench/io. Built as a static
-//! binary so the same program runs in guests and on the host.
+//! Prints one `key=value` line per result, for bench/io.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
@@ -52,7 +51,7 @@ fn open(path: &str) -> (File, bool) {
 }
 
 /// xorshift64*.
-fn next(s: &mut u64) -> u64 {
+pub fn next(s: &mut u64) -> u64 {
     *s ^= *s >> 12;
     *s ^= *s << 25;
     *s ^= *s >> 27;
@@ -70,18 +69,16 @@ fn run(secs: f64, mut op: impl FnMut(u64)) -> (u64, f64) {
     (n, start.elapsed().as_secs_f64())
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if args.len() != 3 {
-        eprintln!("usage: domus-ioload PATH SECONDS");
-        std::process::exit(2);
+pub fn main(args: &[String]) {
+    if args.len() != 2 {
+        crate::usage();
     }
-    let secs: f64 = args[2].parse().expect("SECONDS");
-    let (mut f, direct) = open(&args[1]);
+    let secs: f64 = args[1].parse().expect("SECONDS");
+    let (mut f, direct) = open(&args[0]);
     let size = f.seek(SeekFrom::End(0)).expect("size").min(256 << 20);
     let big_blocks = size / BIG as u64;
     let small_blocks = size / SMALL as u64;
-    assert!(big_blocks > 0, "{} is smaller than 1 MiB", args[1]);
+    assert!(big_blocks > 0, "{} is smaller than 1 MiB", args[0]);
     let mut buf = Aligned::new(BIG);
     for (i, b) in buf.slice().iter_mut().enumerate() {
         *b = (i * 7 + 3) as u8;

@@ -1,0 +1,34 @@
+//! `domus-guest`: what the tests and benchmarks run inside guests (and on
+//! the host, for native numbers). Built as a static binary
+//! (`-C target-feature=+crt-static`) so it runs in the kit's busybox
+//! initramfs, which has no C library.
+//!
+//! * `ioload PATH SECONDS`: block I/O throughput and IOPS (bench/io);
+//! * `send tcp HOST PORT MIB` / `send vsock CID PORT MIB`: connects and
+//!   sends MIB MiB of a fixed pseudo-random stream;
+//! * `recv tcp PORT` / `recv vsock PORT`: accepts one connection and reads
+//!   it to the end;
+//! * `echo vsock PORT`: accepts one connection and sends back what it reads.
+//!
+//! Streams print `bytes=N hash=H mbs=X`: a checksum of what went over the
+//! wire, so two ends can be compared.
+
+mod ioload;
+mod stream;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT"
+    );
+    std::process::exit(2);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else { usage() };
+    match cmd.as_str() {
+        "ioload" => ioload::main(&args[1..]),
+        "send" | "recv" | "echo" => stream::main(cmd, &args[1..]),
+        _ => usage(),
+    }
+}

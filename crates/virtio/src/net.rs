@@ -1,0 +1,794 @@
+//! virtio-net (type 1) on a Linux tap device, in userspace.
+//!
+//! The tap is opened with `IFF_VNET_HDR` and a 12-byte header, so the
+//! virtio-net header travels with each frame in both directions and the
+//! kernel does the checksum and segmentation work the guest negotiated:
+//! the guest may send unchecksummed and TSO frames (`HOST_*` features
+//! need nothing from us), and `TUNSETOFFLOAD` tells the tap which of those
+//! the guest accepts (`GUEST_*`). Receive buffers are mergeable
+//! (`MRG_RXBUF`): a large frame spreads over several chains and the header
+//! says how many.
+//!
+//! One thread per interface serves both queues and the tap. A token-bucket
+//! limiter (bytes and packets per second) covers both directions together;
+//! while it holds traffic back, transmit chains stay in the ring and the tap
+//! is not read, so the back-pressure reaches both ends.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::epoll::Poller;
+use crate::ratelimit::{Limits, Shared};
+use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
+
+pub const F_CSUM: u64 = 1 << 0;
+pub const F_GUEST_CSUM: u64 = 1 << 1;
+pub const F_MAC: u64 = 1 << 5;
+pub const F_GUEST_TSO4: u64 = 1 << 7;
+pub const F_GUEST_TSO6: u64 = 1 << 8;
+pub const F_GUEST_ECN: u64 = 1 << 9;
+pub const F_HOST_TSO4: u64 = 1 << 11;
+pub const F_HOST_TSO6: u64 = 1 << 12;
+pub const F_HOST_ECN: u64 = 1 << 13;
+pub const F_MRG_RXBUF: u64 = 1 << 15;
+
+/// The virtio-net header of a VERSION_1 device (`virtio_net_hdr_v1`).
+pub const HDR_LEN: usize = 12;
+/// The largest frame (header included) either way: a 64 KiB GSO frame
+/// plus headers.
+pub const MAX_FRAME: usize = HDR_LEN + 65_550;
+const QUEUE_SIZE: u16 = 256;
+const RXQ: usize = 0;
+const TXQ: usize = 1;
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+const TUN_F_CSUM: u32 = 0x01;
+const TUN_F_TSO4: u32 = 0x02;
+const TUN_F_TSO6: u32 = 0x04;
+const TUN_F_TSO_ECN: u32 = 0x08;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("tap name '{0}' is not 1 to 15 characters of [A-Za-z0-9_.-]")]
+    BadName(String),
+    #[error("tap {name}: {what}: {source}")]
+    Tap {
+        name: String,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What `--net` asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetConfig {
+    /// The tap device: opened if it exists, created otherwise.
+    pub tap: String,
+    pub mac: Option<[u8; 6]>,
+    pub limits: Limits,
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in m.iter_mut() {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+pub fn format_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// A stable, locally administered MAC for a tap without one: 52:54:00 and
+/// three bytes of a hash of the tap name.
+pub fn default_mac(tap: &str) -> [u8; 6] {
+    let h = tap
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+        .to_le_bytes();
+    [0x52, 0x54, 0x00, h[0], h[1], h[2]]
+}
+
+/// An open tap device.
+pub struct Tap {
+    file: File,
+    pub name: String,
+}
+
+#[repr(C)]
+struct IfReq {
+    name: [u8; 16],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+impl Tap {
+    /// Opens (or creates) the tap `name` with a 12-byte vnet header,
+    /// non-blocking.
+    pub fn open(name: &str) -> Result<Self, NetError> {
+        let ok = !name.is_empty()
+            && name.len() < 16
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !ok {
+            return Err(NetError::BadName(name.into()));
+        }
+        let err = |what| {
+            move |source| NetError::Tap {
+                name: name.into(),
+                what,
+                source,
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/net/tun")
+            .map_err(err("opening /dev/net/tun"))?;
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+            _pad: [0; 22],
+        };
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        // SAFETY: TUNSETIFF reads and writes an ifreq; `req` is one, laid
+        // out as the kernel's (name, flags, padding to 40 bytes).
+        if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
+            return Err(err("TUNSETIFF")(std::io::Error::last_os_error()));
+        }
+        let size: libc::c_int = HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer.
+        if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ as _, &size) } < 0 {
+            return Err(err("TUNSETVNETHDRSZ")(std::io::Error::last_os_error()));
+        }
+        let tap = Self {
+            file,
+            name: name.into(),
+        };
+        tap.set_offload(0).map_err(err("TUNSETOFFLOAD"))?;
+        Ok(tap)
+    }
+
+    /// Tells the tap which offloads the reader (the guest) accepts.
+    pub fn set_offload(&self, flags: u32) -> std::io::Result<()> {
+        // SAFETY: TUNSETOFFLOAD takes its argument by value.
+        let r = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                TUNSETOFFLOAD as _,
+                flags as libc::c_ulong,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// The TUN_F_* flags for the guest features the driver accepted.
+pub fn offload_flags(features: u64) -> u32 {
+    let mut f = 0;
+    if features & F_GUEST_CSUM != 0 {
+        f |= TUN_F_CSUM;
+        if features & F_GUEST_TSO4 != 0 {
+            f |= TUN_F_TSO4;
+        }
+        if features & F_GUEST_TSO6 != 0 {
+            f |= TUN_F_TSO6;
+        }
+        if features & F_GUEST_ECN != 0 && f & (TUN_F_TSO4 | TUN_F_TSO6) != 0 {
+            f |= TUN_F_TSO_ECN;
+        }
+    }
+    f
+}
+
+/// Per-interface counters.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub rx_packets: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_packets: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    /// Frames from the tap that no guest buffer could take.
+    pub rx_dropped: AtomicU64,
+    /// Guest frames the tap refused or that were malformed.
+    pub tx_dropped: AtomicU64,
+    /// Times traffic waited for the rate limiter.
+    pub throttled: AtomicU64,
+}
+
+impl crate::Stats for Counters {
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("rx_packets", &self.rx_packets),
+            ("rx_bytes", &self.rx_bytes),
+            ("tx_packets", &self.tx_packets),
+            ("tx_bytes", &self.tx_bytes),
+            ("rx_dropped", &self.rx_dropped),
+            ("tx_dropped", &self.tx_dropped),
+            ("throttled", &self.throttled),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n, v.load(Ordering::Relaxed)))
+        .collect()
+    }
+}
+
+fn add(c: &AtomicU64, v: u64) {
+    c.fetch_add(v, Ordering::Relaxed);
+}
+
+pub struct Net {
+    tap: Arc<Tap>,
+    mac: [u8; 6],
+    counters: Arc<Counters>,
+    limiter: Arc<Shared>,
+    running: Option<(EventFd, JoinHandle<()>)>,
+}
+
+impl Net {
+    pub fn open(cfg: &NetConfig) -> Result<Self, NetError> {
+        let tap = Tap::open(&cfg.tap)?;
+        let limiter = Shared::new(cfg.limits).map_err(|source| NetError::Tap {
+            name: cfg.tap.clone(),
+            what: "eventfd",
+            source,
+        })?;
+        Ok(Self {
+            tap: Arc::new(tap),
+            mac: cfg.mac.unwrap_or_else(|| default_mac(&cfg.tap)),
+            counters: Arc::default(),
+            limiter: Arc::new(limiter),
+            running: None,
+        })
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    pub fn handles(&self) -> (Arc<Counters>, Arc<Shared>) {
+        (self.counters.clone(), self.limiter.clone())
+    }
+}
+
+/// Reads the frame (header included) of a transmit chain: readable
+/// descriptors only, at most [`MAX_FRAME`] bytes. None if the chain is
+/// malformed.
+pub fn gather_tx(mem: &Memory, descs: &[(u64, u32, bool)], out: &mut Vec<u8>) -> Option<()> {
+    out.clear();
+    for &(addr, len, write) in descs {
+        if write {
+            return None;
+        }
+        let len = len as usize;
+        if out.len() + len > MAX_FRAME {
+            return None;
+        }
+        let at = out.len();
+        out.resize(at + len, 0);
+        mem.read_slice(&mut out[at..], GuestAddress(addr)).ok()?;
+    }
+    (out.len() >= HDR_LEN).then_some(())
+}
+
+/// Where a received frame goes: for each chain, its head and writable
+/// (address, length) pieces.
+type RxChains = Vec<(u16, Vec<(u64, u32)>)>;
+
+/// Copies `frame` into the chains, setting the header's `num_buffers`;
+/// returns each chain's head and the bytes written into it, or None if a
+/// guest buffer is outside guest memory.
+pub fn scatter_rx(mem: &Memory, frame: &mut [u8], chains: &RxChains) -> Option<Vec<(u16, u32)>> {
+    let n = u16::try_from(chains.len()).ok()?;
+    frame[10..12].copy_from_slice(&n.to_le_bytes());
+    let mut done = 0usize;
+    let mut used = Vec::with_capacity(chains.len());
+    for (head, pieces) in chains {
+        let mut in_chain = 0u32;
+        for &(addr, len) in pieces {
+            if done == frame.len() {
+                break;
+            }
+            let take = (len as usize).min(frame.len() - done);
+            mem.write_slice(&frame[done..done + take], GuestAddress(addr))
+                .ok()?;
+            done += take;
+            in_chain += take as u32;
+        }
+        used.push((*head, in_chain));
+    }
+    Some(used)
+}
+
+struct Engine {
+    mem: Arc<Memory>,
+    tap: Arc<Tap>,
+    irq: Interrupt,
+    rx: Queue,
+    tx: Queue,
+    mrg: bool,
+    counters: Arc<Counters>,
+    limiter: Arc<Shared>,
+    /// A frame read from the tap that is waiting for guest buffers.
+    rx_frame: Option<usize>,
+    rx_buf: Vec<u8>,
+    tx_buf: Vec<u8>,
+    tap_watched: bool,
+    timer_armed: bool,
+}
+
+const T_RX: u64 = 0;
+const T_TX: u64 = 1;
+const T_TAP: u64 = 2;
+const T_KILL: u64 = 3;
+const T_TIMER: u64 = 4;
+const T_LIMITS: u64 = 5;
+
+enum Rx {
+    /// The tap has nothing more.
+    Drained,
+    /// The guest has no room: wait for it to add buffers.
+    NoRoom,
+    /// The limiter says wait.
+    Throttled(Duration),
+}
+
+impl Engine {
+    /// Collects enough receive chains for `len` bytes (one chain without
+    /// mergeable buffers). None: not enough; the chains stay in the ring.
+    fn take_rx_chains(&mut self, len: usize) -> Option<Result<RxChains, ()>> {
+        let mem = &*self.mem;
+        let mut chains: RxChains = Vec::new();
+        let mut room = 0usize;
+        while room < len {
+            let Some(chain) = self.rx.pop_descriptor_chain(mem) else {
+                for _ in 0..chains.len() {
+                    self.rx.go_to_previous_position();
+                }
+                return None;
+            };
+            let head = chain.head_index();
+            let mut pieces = Vec::new();
+            let mut bad = false;
+            for d in chain {
+                if !d.is_write_only() {
+                    bad = true;
+                    break;
+                }
+                room += d.len() as usize;
+                pieces.push((d.addr().0, d.len()));
+            }
+            if bad {
+                // A chain the device cannot write: give it and the ones
+                // taken before it back empty.
+                for (h, _) in &chains {
+                    let _ = self.rx.add_used(mem, *h, 0);
+                }
+                let _ = self.rx.add_used(mem, head, 0);
+                return Some(Err(()));
+            }
+            chains.push((head, pieces));
+            if !self.mrg {
+                break;
+            }
+        }
+        if room < len {
+            // One chain too small for the frame: give it back empty.
+            for (head, _) in &chains {
+                let _ = self.rx.add_used(mem, *head, 0);
+            }
+            return Some(Err(()));
+        }
+        Some(Ok(chains))
+    }
+
+    /// Moves frames from the tap into the guest until one side runs out.
+    fn receive(&mut self) -> Rx {
+        loop {
+            let len = match self.rx_frame {
+                Some(l) => l,
+                None => {
+                    let w = self.limiter.lock().wait(Instant::now());
+                    if !w.is_zero() {
+                        return Rx::Throttled(w);
+                    }
+                    match (&self.tap.file).read(&mut self.rx_buf) {
+                        Ok(n) if n >= HDR_LEN => n,
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(_) => return Rx::Drained,
+                    }
+                }
+            };
+            self.rx_frame = Some(len);
+            match self.take_rx_chains(len) {
+                None => return Rx::NoRoom,
+                Some(Err(())) => {
+                    add(&self.counters.rx_dropped, 1);
+                    self.rx_frame = None;
+                }
+                Some(Ok(chains)) => {
+                    let mem = self.mem.clone();
+                    let frame = &mut self.rx_buf[..len];
+                    match scatter_rx(&mem, frame, &chains) {
+                        Some(used) => {
+                            for (head, n) in used {
+                                let _ = self.rx.add_used(&*mem, head, n);
+                            }
+                            add(&self.counters.rx_packets, 1);
+                            add(&self.counters.rx_bytes, (len - HDR_LEN) as u64);
+                            let _ = self
+                                .limiter
+                                .lock()
+                                .consume((len - HDR_LEN) as u64, Instant::now());
+                        }
+                        None => {
+                            for (head, _) in chains {
+                                let _ = self.rx.add_used(&*mem, head, 0);
+                            }
+                            add(&self.counters.rx_dropped, 1);
+                        }
+                    }
+                    self.rx_frame = None;
+                }
+            }
+        }
+    }
+
+    /// Sends the guest's frames to the tap. Returns a wait if throttled.
+    fn transmit(&mut self) -> Option<Duration> {
+        let mem = self.mem.clone();
+        let mut throttled = None;
+        'outer: loop {
+            if self.tx.disable_notification(&*mem).is_err() {
+                break;
+            }
+            while let Some(chain) = self.tx.pop_descriptor_chain(&*mem) {
+                let head = chain.head_index();
+                let descs: Vec<(u64, u32, bool)> = chain
+                    .map(|d| (d.addr().0, d.len(), d.is_write_only()))
+                    .collect();
+                if gather_tx(&mem, &descs, &mut self.tx_buf).is_none() {
+                    add(&self.counters.tx_dropped, 1);
+                    let _ = self.tx.add_used(&*mem, head, 0);
+                    continue;
+                }
+                let bytes = (self.tx_buf.len() - HDR_LEN) as u64;
+                if let Err(w) = self.limiter.lock().consume(bytes, Instant::now()) {
+                    self.tx.go_to_previous_position();
+                    throttled = Some(w);
+                    break 'outer;
+                }
+                match (&self.tap.file).write(&self.tx_buf) {
+                    Ok(_) => {
+                        add(&self.counters.tx_packets, 1);
+                        add(&self.counters.tx_bytes, bytes);
+                    }
+                    Err(_) => add(&self.counters.tx_dropped, 1),
+                }
+                let _ = self.tx.add_used(&*mem, head, 0);
+            }
+            match self.tx.enable_notification(&*mem) {
+                Ok(true) if !crate::ring_corrupt(&self.tx, &mem) => continue,
+                _ => break,
+            }
+        }
+        if self.tx.needs_notification(&*mem).unwrap_or(true) {
+            self.irq.queue(TXQ);
+        }
+        throttled
+    }
+
+    fn notify_rx(&mut self) {
+        if self.rx.needs_notification(&*self.mem).unwrap_or(true) {
+            self.irq.queue(RXQ);
+        }
+    }
+
+    fn run(mut self, rx_evt: EventFd, tx_evt: EventFd, kill: EventFd) {
+        let (Ok(mut poller), Ok(mut timer)) = (Poller::new(), TimerFd::new()) else {
+            return crate::warn("virtio-net", format_args!("epoll/timerfd set-up failed"));
+        };
+        let added = poller
+            .add(&rx_evt, T_RX)
+            .and(poller.add(&tx_evt, T_TX))
+            .and(poller.add(&self.tap.file, T_TAP))
+            .and(poller.add(&kill, T_KILL))
+            .and(poller.add(&timer, T_TIMER))
+            .and(poller.add(&self.limiter.changed, T_LIMITS));
+        if let Err(e) = added {
+            return crate::warn("virtio-net", format_args!("epoll: {e}"));
+        }
+        self.tap_watched = true;
+        loop {
+            let Ok(tokens) = poller.wait(-1) else { return };
+            let (mut do_rx, mut do_tx) = (false, false);
+            for t in tokens {
+                match t {
+                    T_KILL => return,
+                    T_RX => {
+                        let _ = rx_evt.read();
+                        do_rx = true;
+                    }
+                    T_TX => {
+                        let _ = tx_evt.read();
+                        do_tx = true;
+                    }
+                    T_TAP => do_rx = true,
+                    T_TIMER => {
+                        let _ = timer.wait();
+                        self.timer_armed = false;
+                        (do_rx, do_tx) = (true, true);
+                    }
+                    T_LIMITS => {
+                        let _ = self.limiter.changed.read();
+                        (do_rx, do_tx) = (true, true);
+                    }
+                    _ => {}
+                }
+            }
+            let mut wait = None;
+            if do_tx {
+                wait = self.transmit();
+            }
+            if do_rx {
+                let r = loop {
+                    let r = self.receive();
+                    // Out of buffers: ask the guest to kick us when it adds
+                    // some, and look again in case it just did.
+                    if matches!(r, Rx::NoRoom)
+                        && matches!(self.rx.enable_notification(&*self.mem), Ok(true))
+                        && !crate::ring_corrupt(&self.rx, &self.mem)
+                    {
+                        continue;
+                    }
+                    break r;
+                };
+                self.notify_rx();
+                let watch = match r {
+                    Rx::Drained => true,
+                    Rx::NoRoom => false,
+                    Rx::Throttled(w) => {
+                        wait = Some(wait.map_or(w, |x: Duration| x.min(w)));
+                        false
+                    }
+                };
+                if watch != self.tap_watched {
+                    let _ = poller.set_watching(&self.tap.file, T_TAP, watch);
+                    self.tap_watched = watch;
+                }
+            }
+            if let Some(w) = wait {
+                add(&self.counters.throttled, 1);
+                if !self.timer_armed {
+                    let _ = timer.reset(w.max(Duration::from_micros(50)), None);
+                    self.timer_armed = true;
+                }
+            }
+        }
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        crate::TYPE_NET
+    }
+
+    fn pci_class(&self) -> u32 {
+        0x02_0000 << 8 // network, ethernet
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE; 2]
+    }
+
+    fn features(&self) -> u64 {
+        crate::BASE_FEATURES
+            | F_CSUM
+            | F_GUEST_CSUM
+            | F_MAC
+            | F_GUEST_TSO4
+            | F_GUEST_TSO6
+            | F_GUEST_ECN
+            | F_HOST_TSO4
+            | F_HOST_TSO6
+            | F_HOST_ECN
+            | F_MRG_RXBUF
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        crate::read_config_bytes(&self.mac, offset, data);
+    }
+
+    fn activate(&mut self, a: Activation) -> Result<(), ActivateError> {
+        let mut rx = None;
+        let mut tx = None;
+        for q in a.queues {
+            match q.index {
+                RXQ => rx = Some(q),
+                TXQ => tx = Some(q),
+                _ => {}
+            }
+        }
+        let rx = rx.ok_or(ActivateError::MissingQueue(RXQ))?;
+        let tx = tx.ok_or(ActivateError::MissingQueue(TXQ))?;
+        self.tap.set_offload(offload_flags(a.features))?;
+        let engine = Engine {
+            mem: a.mem,
+            tap: self.tap.clone(),
+            irq: a.interrupt,
+            rx: rx.queue,
+            tx: tx.queue,
+            mrg: a.features & F_MRG_RXBUF != 0,
+            counters: self.counters.clone(),
+            limiter: self.limiter.clone(),
+            rx_frame: None,
+            rx_buf: vec![0; MAX_FRAME],
+            tx_buf: Vec::with_capacity(MAX_FRAME),
+            tap_watched: false,
+            timer_armed: false,
+        };
+        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
+        let k2 = kill.try_clone()?;
+        let (rx_evt, tx_evt) = (rx.event, tx.event);
+        let h = std::thread::Builder::new()
+            .name("virtio-net".into())
+            .stack_size(256 << 10)
+            .spawn(move || engine.run(rx_evt, tx_evt, k2))
+            .map_err(ActivateError::Thread)?;
+        self.running = Some((kill, h));
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some((kill, h)) = self.running.take() {
+            let _ = kill.write(1);
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    fn mem() -> Memory {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(
+            parse_mac("02:aB:00:ff:10:09"),
+            Some([2, 0xab, 0, 0xff, 0x10, 9])
+        );
+        for bad in [
+            "",
+            "02:ab:00:ff:10",
+            "02:ab:00:ff:10:09:01",
+            "2:ab:00:ff:10:09",
+            "zz:ab:00:ff:10:09",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+        assert_eq!(
+            format_mac(&[2, 0xab, 0, 0xff, 0x10, 9]),
+            "02:ab:00:ff:10:09"
+        );
+        let m = default_mac("tap0");
+        assert_eq!(&m[..3], &[0x52, 0x54, 0]);
+        assert_ne!(default_mac("tap1"), m);
+    }
+
+    #[test]
+    fn offloads_follow_the_guest_features() {
+        assert_eq!(offload_flags(0), 0);
+        assert_eq!(offload_flags(F_GUEST_TSO4), 0, "TSO needs checksum offload");
+        assert_eq!(
+            offload_flags(F_GUEST_CSUM | F_GUEST_TSO4 | F_GUEST_TSO6 | F_GUEST_ECN),
+            TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN
+        );
+    }
+
+    #[test]
+    fn tx_chains_are_checked() {
+        let m = mem();
+        m.write_slice(&[1u8; 100], GuestAddress(0x1000)).unwrap();
+        let mut out = Vec::new();
+        assert!(gather_tx(
+            &m,
+            &[(0x1000, 12), (0x2000, 50)].map(|(a, l)| (a, l, false)),
+            &mut out
+        )
+        .is_some());
+        assert_eq!(out.len(), 62);
+        assert!(
+            gather_tx(&m, &[(0x1000, 12, true)], &mut out).is_none(),
+            "writable"
+        );
+        assert!(
+            gather_tx(&m, &[(0x1000, 11, false)], &mut out).is_none(),
+            "short"
+        );
+        assert!(
+            gather_tx(&m, &[((1 << 20) - 4, 12, false)], &mut out).is_none(),
+            "outside"
+        );
+        assert!(
+            gather_tx(&m, &[(0, 65_000, false), (0, 65_000, false)], &mut out).is_none(),
+            "huge"
+        );
+        assert!(
+            gather_tx(&m, &[(u64::MAX - 4, 12, false)], &mut out).is_none(),
+            "wraps"
+        );
+    }
+
+    #[test]
+    fn rx_frames_spread_over_chains_with_num_buffers() {
+        let m = mem();
+        let mut frame: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        let chains: RxChains = vec![
+            (3, vec![(0x1000, 1500)]),
+            (7, vec![(0x3000, 1000), (0x5000, 4096)]),
+        ];
+        let used = scatter_rx(&m, &mut frame, &chains).unwrap();
+        assert_eq!(used, vec![(3, 1500), (7, 1500)]);
+        let mut hdr = [0u8; 12];
+        m.read_slice(&mut hdr, GuestAddress(0x1000)).unwrap();
+        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 2);
+        let mut tail = [0u8; 500];
+        m.read_slice(&mut tail, GuestAddress(0x5000)).unwrap();
+        assert_eq!(&tail[..], &frame[2500..]);
+        let outside: RxChains = vec![(1, vec![((1 << 20) - 10, 3000)])];
+        assert!(scatter_rx(&m, &mut frame, &outside).is_none());
+    }
+
+    #[test]
+    fn tap_names_are_checked_before_any_syscall() {
+        for bad in ["", "a/b", "this-name-is-too-long", "sp ace"] {
+            assert!(matches!(Tap::open(bad), Err(NetError::BadName(_))), "{bad}");
+        }
+    }
+}
