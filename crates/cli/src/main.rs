@@ -83,6 +83,11 @@ struct RunArgs {
     /// pps=N (packets per second), both directions together.
     #[arg(long, value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]", value_parser = domus_vmm::config::parse_net)]
     net: Vec<domus_virtio::net::NetConfig>,
+    /// A virtio-vsock device with this context id, on the host's
+    /// vhost-vsock: host programs connect to (CID, port) with AF_VSOCK
+    /// sockets, and the guest reaches host listeners at CID 2.
+    #[arg(long, value_name = "cid=N", value_parser = domus_vmm::config::parse_vsock)]
+    vsock: Option<u64>,
     /// Leave out the virtio-rng entropy device (present by default, fed from
     /// the host's getrandom).
     #[arg(long)]
@@ -123,6 +128,7 @@ fn run(args: RunArgs) -> ExitCode {
         console: args.console,
         disks: args.disk,
         nets: args.net,
+        vsock_cid: args.vsock,
         rng: !args.no_rng,
         balloon: args.balloon,
         api_socket: args.api_socket,

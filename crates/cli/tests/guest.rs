@@ -919,3 +919,66 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     assert_eq!(word(&b, "mac"), "52:54:00:12:34:56");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn vsock_both_ways_with_10_mib_echoed_intact() {
+    let dir = scratch("vsock");
+    let (helper_args, fetch) = helper_disk(&dir);
+    let cid = 3 + std::process::id() % 100_000;
+    // Host to guest: the guest echoes on port 5000 and the host pings it
+    // once it listens. Guest to host: the host listens on port 5001.
+    let host_recv = Command::new(guest_helper())
+        .args(["recv", "vsock", "5001"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cmd = format!("{fetch}/h echo vsock 5000 > /tmp/e & sleep 1; echo phase=listening; wait; cat /tmp/e; /h send vsock 2 5001 10");
+    let mut extra = helper_args;
+    extra.extend(["--vsock".into(), format!("cid={cid}")]);
+    let mut ping = None;
+    let r = boot_live(&extra, "256M", &cmd, |line| {
+        if line == "phase=listening" {
+            let out = Command::new(guest_helper())
+                .args(["ping", "vsock", &cid.to_string(), "5000", "10"])
+                .output()
+                .unwrap();
+            ping = Some(
+                String::from_utf8_lossy(&out.stdout).to_string()
+                    + &String::from_utf8_lossy(&out.stderr),
+            );
+        }
+    });
+    let host = host_recv.wait_with_output().unwrap();
+    let host_out = String::from_utf8_lossy(&host.stdout).to_string();
+    assert_clean_poweroff(&r);
+    let ping = ping.expect("the guest never listened");
+    let field = |s: &str, k: &str| {
+        s.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_string))
+            .unwrap_or_else(|| panic!("no {k} in {s}"))
+    };
+    assert_eq!(field(&ping, "sent_bytes"), "10485760", "{ping}");
+    assert_eq!(field(&ping, "echoed_bytes"), "10485760", "{ping}");
+    assert_eq!(
+        field(&ping, "echoed_hash"),
+        field(&ping, "sent_hash"),
+        "host to guest and back"
+    );
+    assert_eq!(
+        field(&r.stdout, "echo_hash"),
+        field(&ping, "sent_hash"),
+        "what the guest saw"
+    );
+    assert_eq!(
+        field(&host_out, "recv_bytes"),
+        "10485760",
+        "{host_out}\n{}",
+        r.stdout
+    );
+    assert_eq!(
+        field(&host_out, "recv_hash"),
+        field(&r.stdout, "sent_hash"),
+        "guest to host"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -8,7 +8,9 @@
 //!   sends MIB MiB of a fixed pseudo-random stream;
 //! * `recv tcp PORT` / `recv vsock PORT`: accepts one connection and reads
 //!   it to the end;
-//! * `echo vsock PORT`: accepts one connection and sends back what it reads.
+//! * `echo vsock PORT`: accepts one connection and sends back what it reads;
+//! * `ping vsock CID PORT MIB`: sends MIB MiB to an echo server and reads
+//!   the echo back at the same time.
 //!
 //! Streams print `bytes=N hash=H mbs=X`: a checksum of what went over the
 //! wire, so two ends can be compared.
@@ -18,7 +20,7 @@ mod stream;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT"
+        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB"
     );
     std::process::exit(2);
 }
@@ -28,7 +30,7 @@ fn main() {
     let Some(cmd) = args.first() else { usage() };
     match cmd.as_str() {
         "ioload" => ioload::main(&args[1..]),
-        "send" | "recv" | "echo" => stream::main(cmd, &args[1..]),
+        "send" | "recv" | "echo" | "ping" => stream::main(cmd, &args[1..]),
         _ => usage(),
     }
 }

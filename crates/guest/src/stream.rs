@@ -199,6 +199,23 @@ pub fn main(cmd: &str, args: &[String]) {
             let _ = (&s).read(&mut [0u8; 1]);
             report("sent_", n, h, start);
         }
+        ("ping", Some("vsock")) => {
+            let cid: u32 = num(args.get(1), "CID");
+            let port: u32 = num(args.get(2), "PORT");
+            let mib: u64 = num(args.get(3), "MIB");
+            let s = vsock_fd(cid, port, false)
+                .unwrap_or_else(|e| fail(format!("connect vsock {cid}:{port}: {e}")));
+            let r = s.try_clone().unwrap_or_else(|e| fail(format!("dup: {e}")));
+            let start = Instant::now();
+            // Read the echo while sending, or both ends stall on full buffers.
+            let reader = std::thread::spawn(move || recv(&r));
+            let (n, h) = send(&s, mib);
+            // SAFETY: shutdown on our socket.
+            unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&s), libc::SHUT_WR) };
+            report("sent_", n, h, start);
+            let (n, h) = reader.join().unwrap_or_else(|_| fail("reader died".into()));
+            report("echoed_", n, h, start);
+        }
         ("recv", Some("vsock")) | ("echo", Some("vsock")) => {
             let port: u32 = num(args.get(1), "PORT");
             println!("listening=vsock:{port}");

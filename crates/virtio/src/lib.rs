@@ -18,6 +18,7 @@ pub mod net;
 pub mod pci;
 pub mod ratelimit;
 pub mod rng;
+pub mod vsock;
 
 use std::sync::Arc;
 

@@ -44,6 +44,8 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     /// virtio-net interfaces on taps, in order (eth0, eth1, ...).
     pub nets: Vec<NetConfig>,
+    /// A virtio-vsock device with this CID (on the host's vhost-vsock).
+    pub vsock_cid: Option<u64>,
     /// A virtio-rng device fed from the host's getrandom.
     pub rng: bool,
     /// A virtio-balloon device (inflate/deflate, statistics, free page
@@ -71,6 +73,20 @@ pub enum ConfigError {
     TooLittleMemory(u64),
     #[error("--memory {0} MiB is more than this host has ({1} MiB)")]
     TooMuchMemory(u64, u64),
+}
+
+/// Parses a `--vsock` value: `cid=N` (3 or more).
+pub fn parse_vsock(s: &str) -> Result<u64, String> {
+    let v = s.strip_prefix("cid=").unwrap_or(s);
+    let cid: u64 = v
+        .parse()
+        .map_err(|_| format!("'{s}': expected cid=N, N a whole number"))?;
+    if !(3..u64::from(u32::MAX)).contains(&cid) {
+        return Err(format!(
+            "'{s}': CIDs 0, 1 and 2 are reserved (and 2^32 - 1)"
+        ));
+    }
+    Ok(cid)
 }
 
 /// Parses a `--net` value: `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`; `bw`
@@ -289,6 +305,7 @@ mod tests {
             console: Console::None,
             disks: Vec::new(),
             nets: Vec::new(),
+            vsock_cid: None,
             rng: false,
             balloon: false,
             api_socket: None,

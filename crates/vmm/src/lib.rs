@@ -63,6 +63,8 @@ pub enum Error {
     #[error("{0}")]
     Net(#[from] domus_virtio::net::NetError),
     #[error("{0}")]
+    Vsock(#[from] domus_virtio::vsock::VsockError),
+    #[error("{0}")]
     Devices(String),
 }
 
@@ -77,6 +79,7 @@ impl Error {
                 | Error::ConsoleFile { .. }
                 | Error::Disk(_)
                 | Error::Net(_)
+                | Error::Vsock(_)
         )
     }
 }

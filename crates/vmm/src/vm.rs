@@ -16,6 +16,7 @@ use domus_virtio::block::Block;
 use domus_virtio::net::Net;
 use domus_virtio::pci::VirtioPci;
 use domus_virtio::rng::Rng;
+use domus_virtio::vsock::Vsock;
 use domus_virtio::{Hypervisor, VirtioDevice};
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
@@ -226,6 +227,17 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
             limiter: Some(limiter),
         };
         devices.push((Box::new(net), a));
+    }
+    if let Some(cid) = cfg.vsock_cid {
+        let v = Vsock::new(cid)?;
+        let a = api::Device {
+            id: "vsock0".into(),
+            kind: "vsock",
+            info: serde_json::json!({"cid": v.cid(), "backend": "vhost-vsock"}),
+            stats: v.counters(),
+            limiter: None,
+        };
+        devices.push((Box::new(v), a));
     }
     if cfg.rng {
         let r = Rng::new();
