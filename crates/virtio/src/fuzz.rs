@@ -126,6 +126,81 @@ pub fn rng_queue(data: &[u8]) {
     }
 }
 
+/// The network device's transmit path: every chain gathered into a frame.
+pub fn net_tx(data: &[u8]) {
+    let Some((mem, mut q)) = setup(data) else {
+        return;
+    };
+    let mut frame = Vec::new();
+    let mut n = 0;
+    while let Some(chain) = q.pop_descriptor_chain(&mem) {
+        let head = chain.head_index();
+        let descs: Vec<(u64, u32, bool)> = chain
+            .map(|d| (d.addr().0, d.len(), d.is_write_only()))
+            .collect();
+        if crate::net::gather_tx(&mem, &descs, &mut frame).is_some() {
+            assert!(frame.len() >= crate::net::HDR_LEN && frame.len() <= crate::net::MAX_FRAME);
+        }
+        let _ = q.add_used(&mem, head, 0);
+        n += 1;
+        assert!(
+            n <= usize::from(q.size()),
+            "more chains than the ring holds"
+        );
+    }
+}
+
+/// The network device's receive path: frames (their size from the
+/// settings) spread over the guest's buffers until they run out.
+pub fn net_rx(data: &[u8]) {
+    let Some((mem, mut q)) = setup(data) else {
+        return;
+    };
+    let mrg = data.get(SETTINGS + 1).is_some_and(|b| b & 2 != 0);
+    let len = crate::net::HDR_LEN + usize::from(data.get(SETTINGS + 2).copied().unwrap_or(0)) * 300;
+    let mut frame = vec![0xa5u8; len];
+    for _ in 0..usize::from(q.size()) + 1 {
+        match crate::net::take_rx_chains(&mut q, &mem, len, mrg) {
+            None => break,
+            Some(Err(())) => {}
+            Some(Ok(chains)) => {
+                assert!(!chains.is_empty());
+                if let Some(used) = crate::net::scatter_rx(&mem, &mut frame, &chains) {
+                    let total: u64 = used.iter().map(|u| u64::from(u.1)).sum();
+                    assert_eq!(total, len as u64, "the whole frame is delivered");
+                    for (head, n) in used {
+                        let _ = q.add_used(&mem, head, n);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The balloon's inflate and reporting paths: page numbers and ranges
+/// dropped from guest memory (which must stay usable).
+pub fn balloon_queue(data: &[u8]) {
+    let Some((mem, mut q)) = setup(data) else {
+        return;
+    };
+    let report = data.get(SETTINGS + 1).is_some_and(|b| b & 4 != 0);
+    crate::balloon::drain(&mem, &mut q, |addr, len, _| {
+        if report {
+            crate::balloon::discard(&mem, addr, len.into());
+        } else {
+            crate::balloon::pfn_runs(&mem, addr, len, |pfn, count| {
+                if let (Some(a), Some(l)) = (pfn.checked_mul(4096), count.checked_mul(4096)) {
+                    crate::balloon::discard(&mem, a, l);
+                }
+            });
+        }
+    });
+    // The memory is still there (zeroes where dropped).
+    let _ = mem
+        .read_obj::<u64>(GuestAddress(0))
+        .expect("memory still mapped");
+}
+
 /// Seed inputs: well-formed requests of each kind, direct and indirect.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
@@ -176,6 +251,34 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             out.push((format!("{tag}{name}"), m));
         }
     }
+    // virtio-net transmit: a header and a small frame in one chain.
+    let mut m = vec![0u8; 0x4000];
+    m[SETTINGS] = 3;
+    desc(&mut m, 0, 0, 0x3000, 12 + 60, 0, 0);
+    m[0x1002..0x1004].copy_from_slice(&1u16.to_le_bytes());
+    out.push(("net-tx".into(), m));
+    // virtio-net receive: three writable 1500-byte buffers, mergeable,
+    // and a 1512-byte frame (settings + 2 = 5).
+    let mut m = vec![0u8; 0x4000];
+    m[SETTINGS] = 3;
+    m[SETTINGS + 1] = 2;
+    m[SETTINGS + 2] = 5;
+    for i in 0..3u16 {
+        desc(&mut m, 0, i.into(), 0x3000 + u64::from(i) * 0x600, 1500, 2, 0);
+        let at = 0x1004 + usize::from(i) * 2;
+        m[at..at + 2].copy_from_slice(&i.to_le_bytes());
+    }
+    m[0x1002..0x1004].copy_from_slice(&3u16.to_le_bytes());
+    out.push(("net-rx".into(), m));
+    // virtio-balloon inflate: four page numbers (3, 4, 5, 9).
+    let mut m = vec![0u8; 0x4000];
+    m[SETTINGS] = 3;
+    for (i, pfn) in [3u32, 4, 5, 9].iter().enumerate() {
+        m[0x3000 + i * 4..0x3004 + i * 4].copy_from_slice(&pfn.to_le_bytes());
+    }
+    desc(&mut m, 0, 0, 0x3000, 16, 0, 0);
+    m[0x1002..0x1004].copy_from_slice(&1u16.to_le_bytes());
+    out.push(("balloon-inflate".into(), m));
     out
 }
 
@@ -186,8 +289,12 @@ mod tests {
     #[test]
     fn seeds_run_and_complete() {
         for (name, s) in seeds() {
-            assert_eq!(blk_queue_ok(&s), 1, "seed {name} is not a good request");
+            let blk = !name.starts_with("net") && !name.starts_with("balloon");
+            assert_eq!(blk_queue_ok(&s), usize::from(blk), "seed {name}");
             rng_queue(&s);
+            net_tx(&s);
+            net_rx(&s);
+            balloon_queue(&s);
             // Run once more on the memory after processing: still no panic.
             let (mem, _) = setup(&s).unwrap();
             let mut after = vec![0u8; MEM_SIZE];
@@ -201,6 +308,9 @@ mod tests {
         for n in [0, 1, 2, 100, 0x2000] {
             blk_queue(&vec![0xff; n]);
             rng_queue(&vec![0xff; n]);
+            net_tx(&vec![0xff; n]);
+            net_rx(&vec![0xff; n]);
+            balloon_queue(&vec![0xff; n]);
         }
     }
 }

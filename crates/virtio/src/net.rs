@@ -367,55 +367,59 @@ enum Rx {
     Throttled(Duration),
 }
 
-impl Engine {
-    /// Collects enough receive chains for `len` bytes (one chain without
-    /// mergeable buffers). None: not enough; the chains stay in the ring.
-    fn take_rx_chains(&mut self, len: usize) -> Option<Result<RxChains, ()>> {
-        let mem = &*self.mem;
-        let mut chains: RxChains = Vec::new();
-        let mut room = 0usize;
-        while room < len {
-            let Some(chain) = self.rx.pop_descriptor_chain(mem) else {
-                for _ in 0..chains.len() {
-                    self.rx.go_to_previous_position();
-                }
-                return None;
-            };
-            let head = chain.head_index();
-            let mut pieces = Vec::new();
-            let mut bad = false;
-            for d in chain {
-                if !d.is_write_only() {
-                    bad = true;
-                    break;
-                }
-                room += d.len() as usize;
-                pieces.push((d.addr().0, d.len()));
+/// Collects enough receive chains of `q` for a frame of `len` bytes (one
+/// chain without mergeable buffers). None: not enough buffers, and the
+/// chains stay in the ring; Some(Err): a chain was unusable (read-only, or
+/// too small without mergeable buffers) and every chain taken went back
+/// empty.
+pub fn take_rx_chains(
+    q: &mut Queue,
+    mem: &Memory,
+    len: usize,
+    mrg: bool,
+) -> Option<Result<RxChains, ()>> {
+    let mut chains: RxChains = Vec::new();
+    let mut room = 0usize;
+    while room < len {
+        let Some(chain) = q.pop_descriptor_chain(mem) else {
+            for _ in 0..chains.len() {
+                q.go_to_previous_position();
             }
-            if bad {
-                // A chain the device cannot write: give it and the ones
-                // taken before it back empty.
-                for (h, _) in &chains {
-                    let _ = self.rx.add_used(mem, *h, 0);
-                }
-                let _ = self.rx.add_used(mem, head, 0);
-                return Some(Err(()));
-            }
-            chains.push((head, pieces));
-            if !self.mrg {
+            return None;
+        };
+        let head = chain.head_index();
+        let mut pieces = Vec::new();
+        let mut bad = false;
+        for d in chain {
+            if !d.is_write_only() {
+                bad = true;
                 break;
             }
+            room = room.saturating_add(d.len() as usize);
+            pieces.push((d.addr().0, d.len()));
         }
-        if room < len {
-            // One chain too small for the frame: give it back empty.
-            for (head, _) in &chains {
-                let _ = self.rx.add_used(mem, *head, 0);
+        if bad {
+            for (h, _) in &chains {
+                let _ = q.add_used(mem, *h, 0);
             }
+            let _ = q.add_used(mem, head, 0);
             return Some(Err(()));
         }
-        Some(Ok(chains))
+        chains.push((head, pieces));
+        if !mrg || chains.len() >= usize::from(q.size()) {
+            break;
+        }
     }
+    if room < len {
+        for (head, _) in &chains {
+            let _ = q.add_used(mem, *head, 0);
+        }
+        return Some(Err(()));
+    }
+    Some(Ok(chains))
+}
 
+impl Engine {
     /// Moves frames from the tap into the guest until one side runs out.
     fn receive(&mut self) -> Rx {
         loop {
@@ -435,7 +439,7 @@ impl Engine {
                 }
             };
             self.rx_frame = Some(len);
-            match self.take_rx_chains(len) {
+            match take_rx_chains(&mut self.rx, &self.mem, len, self.mrg) {
                 None => return Rx::NoRoom,
                 Some(Err(())) => {
                     add(&self.counters.rx_dropped, 1);

@@ -131,7 +131,13 @@ fn main() {
     if corpus.is_empty() {
         corpus = fuzz::seeds().into_iter().map(|(_, d)| d).collect();
     }
-    let targets: [Target; 2] = [("blk", fuzz::blk_queue), ("rng", fuzz::rng_queue)];
+    let targets: [Target; 5] = [
+        ("blk", fuzz::blk_queue),
+        ("rng", fuzz::rng_queue),
+        ("net-tx", fuzz::net_tx),
+        ("net-rx", fuzz::net_rx),
+        ("balloon", fuzz::balloon_queue),
+    ];
     for input in &corpus {
         for (name, f) in targets {
             run(name, f, input);
