@@ -1,0 +1,599 @@
+//! Domain configuration files in Xen's xl.cfg syntax, for `domus create`.
+//!
+//! [`syntax`] reads the file; [`load`] turns the settings into a checked
+//! [`DomainConfig`]. An unknown key is a warning (xl.cfg files from Xen
+//! carry keys Domus has no use for); an invalid value is an error that
+//! names the file, the line and the key. `key=value` overrides from the
+//! command line are applied on top, as `xl create` does.
+
+pub mod syntax;
+
+use std::path::PathBuf;
+
+use syntax::{Setting, Value};
+
+/// What happens when the guest powers off, reboots or crashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Destroy,
+    Restart,
+    Preserve,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Destroy => "destroy",
+            Action::Restart => "restart",
+            Action::Preserve => "preserve",
+        }
+    }
+}
+
+/// A disk from `disk = [...]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disk {
+    pub path: PathBuf,
+    /// The virtual device name as written (xvda, hda, sda, vda, ...).
+    pub vdev: String,
+    pub read_only: bool,
+}
+
+/// An interface from `vif = [...]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Vif {
+    pub mac: Option<String>,
+    pub bridge: Option<String>,
+    pub ip: Option<String>,
+    /// Bytes per second.
+    pub rate: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DomainConfig {
+    pub name: String,
+    pub memory_mib: u64,
+    pub maxmem_mib: u64,
+    pub vcpus: u32,
+    /// Host CPUs the vCPUs may run on, as a CPU list ("0-3,6").
+    pub cpus: Option<String>,
+    /// Credit scheduler weight, 1 to 65535 (default 256).
+    pub cpu_weight: u32,
+    /// CPU cap in percent of one CPU (0: none).
+    pub cap: u32,
+    pub kernel: PathBuf,
+    pub ramdisk: Option<PathBuf>,
+    pub cmdline: String,
+    pub disks: Vec<Disk>,
+    pub vifs: Vec<Vif>,
+    pub on_poweroff: Action,
+    pub on_reboot: Action,
+    pub on_crash: Action,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}:{line}: {msg}")]
+    Syntax {
+        file: String,
+        line: usize,
+        msg: String,
+    },
+    #[error("{file}:{line}: {key}: {msg}")]
+    Invalid {
+        file: String,
+        line: usize,
+        key: String,
+        msg: String,
+    },
+    #[error("{file}: '{key}' is required")]
+    Missing { file: String, key: &'static str },
+}
+
+/// A loaded configuration and the warnings (unknown keys) met on the way.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub config: DomainConfig,
+    pub warnings: Vec<String>,
+}
+
+const KNOWN: &[&str] = &[
+    "name",
+    "memory",
+    "maxmem",
+    "vcpus",
+    "maxvcpus",
+    "cpus",
+    "cpu_weight",
+    "cap",
+    "kernel",
+    "ramdisk",
+    "cmdline",
+    "extra",
+    "root",
+    "disk",
+    "vif",
+    "on_poweroff",
+    "on_reboot",
+    "on_crash",
+    "type",
+    "builder",
+];
+
+/// Parses `n` in `[lo, hi]` from a number setting.
+fn int(s: &Setting, lo: u64, hi: u64) -> Result<u64, String> {
+    match &s.value {
+        Value::Num(n) if n.fract() == 0.0 && *n >= lo as f64 && *n <= hi as f64 => Ok(*n as u64),
+        Value::Num(n) => Err(format!("{n} is not a whole number from {lo} to {hi}")),
+        Value::Str(t) => t
+            .parse::<u64>()
+            .ok()
+            .filter(|v| (lo..=hi).contains(v))
+            .ok_or_else(|| format!("'{t}' is not a whole number from {lo} to {hi}")),
+        v => Err(format!("expected a number, found {v}")),
+    }
+}
+
+fn string(s: &Setting) -> Result<String, String> {
+    match &s.value {
+        Value::Str(t) => Ok(t.clone()),
+        v => Err(format!("expected a string, found {v}")),
+    }
+}
+
+fn strings(s: &Setting) -> Result<Vec<String>, String> {
+    match &s.value {
+        Value::List(l) => l
+            .iter()
+            .map(|v| match v {
+                Value::Str(t) => Ok(t.clone()),
+                v => Err(format!("list items must be strings, found {v}")),
+            })
+            .collect(),
+        Value::Str(t) => Ok(vec![t.clone()]),
+        v => Err(format!("expected a list of strings, found {v}")),
+    }
+}
+
+/// A host CPU list: "3", "0-3", "0-3,6,^2" is not supported; "all".
+pub fn parse_cpulist(s: &str) -> Result<Vec<u32>, String> {
+    if s == "all" {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = match (a.parse(), b.parse()) {
+            (Ok(a), Ok(b)) if a <= b && b < 4096 => (a, b),
+            _ => return Err(format!("'{part}' is not a CPU or a range of CPUs (like 0-3)")),
+        };
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+fn action(s: &Setting) -> Result<Action, String> {
+    match string(s)?.as_str() {
+        "destroy" => Ok(Action::Destroy),
+        "restart" => Ok(Action::Restart),
+        "preserve" => Ok(Action::Preserve),
+        "rename-restart" | "coredump-destroy" | "coredump-restart" | "soft-reset" => {
+            Err("not supported (use destroy, restart or preserve)".into())
+        }
+        o => Err(format!("'{o}' is not destroy, restart or preserve")),
+    }
+}
+
+/// xl's disk spec: positional `target,format,vdev,access` or
+/// `key=value` pairs (`target=` last, as it may hold commas).
+pub fn parse_disk(spec: &str) -> Result<Disk, String> {
+    let (mut target, mut format, mut vdev, mut access) = (None, None, None, None);
+    if spec.contains('=') {
+        let mut rest = spec;
+        while !rest.is_empty() {
+            let (item, next) = if rest.trim_start().starts_with("target=") {
+                (rest, "")
+            } else {
+                rest.split_once(',').unwrap_or((rest, ""))
+            };
+            rest = next;
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("'{item}' is not key=value"))?;
+            match k.trim() {
+                "target" => target = Some(v.to_string()),
+                "format" => format = Some(v.trim().to_string()),
+                "vdev" => vdev = Some(v.trim().to_string()),
+                "access" => access = Some(v.trim().to_string()),
+                "devtype" | "backendtype" | "script" => {}
+                k => return Err(format!("unknown disk key '{k}'")),
+            }
+        }
+    } else {
+        let p: Vec<&str> = spec.split(',').map(str::trim).collect();
+        if p.len() != 4 {
+            return Err(format!(
+                "'{spec}' is not PATH,FORMAT,VDEV,ACCESS (or key=value pairs)"
+            ));
+        }
+        target = Some(p[0].to_string());
+        format = Some(p[1].to_string());
+        vdev = Some(p[2].to_string());
+        access = Some(p[3].to_string());
+    }
+    let target = target.filter(|t| !t.is_empty()).ok_or("the disk has no target path")?;
+    match format.as_deref().unwrap_or("raw") {
+        "raw" | "" => {}
+        f => return Err(format!("format '{f}' is not supported (only raw)")),
+    }
+    let vdev = vdev.ok_or("the disk has no vdev (like xvda)")?;
+    let ok = vdev.len() >= 3
+        && ["xvd", "hd", "sd", "vd"].iter().any(|p| {
+            vdev.strip_prefix(p)
+                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase()))
+        });
+    if !ok {
+        return Err(format!("vdev '{vdev}' is not like xvda, hda, sda or vda"));
+    }
+    let read_only = match access.as_deref().unwrap_or("rw") {
+        "rw" | "w" | "" => false,
+        "ro" | "r" => true,
+        a => return Err(format!("access '{a}' is not rw or ro")),
+    };
+    Ok(Disk {
+        path: PathBuf::from(target),
+        vdev,
+        read_only,
+    })
+}
+
+/// xl's rate: `10MB/s`, `100Mb/s` (bits), `1GB/s`, with an optional
+/// `@INTERVAL` that is ignored; K, M, G are powers of 1000. Bytes/s.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let r = s.split('@').next().unwrap_or("").trim();
+    let r = r
+        .strip_suffix("/s")
+        .ok_or_else(|| format!("rate '{s}' does not end in /s (like 10MB/s)"))?;
+    let (num, unit) = r.split_at(r.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(r.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("rate '{s}' does not start with a whole number"))?;
+    let (mult, bits) = match unit {
+        "B" => (1, false),
+        "KB" => (1_000, false),
+        "MB" => (1_000_000, false),
+        "GB" => (1_000_000_000, false),
+        "b" => (1, true),
+        "Kb" => (1_000, true),
+        "Mb" => (1_000_000, true),
+        "Gb" => (1_000_000_000, true),
+        u => return Err(format!("rate unit '{u}' is not B, KB, MB, GB, b, Kb, Mb or Gb")),
+    };
+    let v = n.checked_mul(mult).ok_or("rate too large")?;
+    Ok(if bits { v / 8 } else { v })
+}
+
+/// xl's vif spec: `key=value` pairs (mac, bridge, ip, rate; others are
+/// ignored with a warning).
+pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> {
+    let mut v = Vif::default();
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (k, val) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        let val = val.trim();
+        match k.trim() {
+            "mac" => {
+                let ok = val.split(':').count() == 6
+                    && val
+                        .split(':')
+                        .all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok());
+                if !ok {
+                    return Err(format!("mac '{val}' is not six hex pairs"));
+                }
+                v.mac = Some(val.to_lowercase());
+            }
+            "bridge" => {
+                if val.is_empty() || val.len() > 15 {
+                    return Err(format!("bridge '{val}' is not a network interface name"));
+                }
+                v.bridge = Some(val.to_string());
+            }
+            "ip" => {
+                if val.parse::<std::net::IpAddr>().is_err() {
+                    return Err(format!("ip '{val}' is not an IP address"));
+                }
+                v.ip = Some(val.to_string());
+            }
+            "rate" => v.rate = Some(parse_rate(val)?),
+            k => warnings.push(format!("vif key '{k}' is ignored")),
+        }
+    }
+    Ok(v)
+}
+
+/// Loads a configuration: `file` names it in messages, `overrides` are
+/// `key=value` settings from the command line (a bare value is taken as a
+/// string).
+pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, ConfigError> {
+    let mut settings = syntax::parse(text).map_err(|e| ConfigError::Syntax {
+        file: file.into(),
+        line: e.line,
+        msg: e.msg,
+    })?;
+    for o in overrides {
+        let parsed = syntax::parse(o).or_else(|e| match o.split_once('=') {
+            Some((k, v)) => syntax::parse(&format!("{k}='{}'", v.trim())).map_err(|_| e),
+            None => Err(e),
+        });
+        let mut s = parsed.map_err(|e| ConfigError::Syntax {
+            file: "command line".into(),
+            line: 0,
+            msg: format!("'{o}': {}", e.msg),
+        })?;
+        for x in &mut s {
+            x.line = 0;
+        }
+        for x in s {
+            settings.retain(|y| y.key != x.key);
+            settings.push(x);
+        }
+    }
+    let mut warnings = Vec::new();
+    let mut get = |key: &str| settings.iter().find(|s| s.key == key).cloned();
+    let invalid = |s: &Setting, msg: String| ConfigError::Invalid {
+        file: if s.line == 0 {
+            "command line".into()
+        } else {
+            file.into()
+        },
+        line: s.line,
+        key: s.key.clone(),
+        msg,
+    };
+    for s in &settings {
+        if !KNOWN.contains(&s.key.as_str()) {
+            warnings.push(format!("{file}:{}: unknown key '{}' ignored", s.line, s.key));
+        }
+    }
+    let name = match get("name") {
+        Some(s) => {
+            let n = string(&s).map_err(|m| invalid(&s, m))?;
+            let ok = !n.is_empty()
+                && n.len() <= 64
+                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && !n.bytes().all(|b| b.is_ascii_digit());
+            if !ok {
+                return Err(invalid(
+                    &s,
+                    format!("'{n}' is not 1-64 of [A-Za-z0-9-_.] (and not all digits)"),
+                ));
+            }
+            n
+        }
+        None => {
+            return Err(ConfigError::Missing {
+                file: file.into(),
+                key: "name",
+            })
+        }
+    };
+    let memory_mib = match get("memory") {
+        Some(s) => int(&s, 64, 1 << 22).map_err(|m| invalid(&s, m))?,
+        None => 256,
+    };
+    let maxmem_mib = match get("maxmem") {
+        Some(s) => {
+            let m = int(&s, 64, 1 << 22).map_err(|m| invalid(&s, m))?;
+            if m < memory_mib {
+                return Err(invalid(&s, format!("{m} MiB is less than memory ({memory_mib} MiB)")));
+            }
+            m
+        }
+        None => memory_mib,
+    };
+    let vcpus = match get("vcpus") {
+        Some(s) => int(&s, 1, 255).map_err(|m| invalid(&s, m))? as u32,
+        None => 1,
+    };
+    let cpus = match get("cpus") {
+        Some(s) => {
+            let c = string(&s).map_err(|m| invalid(&s, m))?;
+            parse_cpulist(&c).map_err(|m| invalid(&s, m))?;
+            Some(c)
+        }
+        None => None,
+    };
+    let cpu_weight = match get("cpu_weight") {
+        Some(s) => int(&s, 1, 65535).map_err(|m| invalid(&s, m))? as u32,
+        None => 256,
+    };
+    let cap = match get("cap") {
+        Some(s) => int(&s, 0, 100 * 255).map_err(|m| invalid(&s, m))? as u32,
+        None => 0,
+    };
+    let kernel = match get("kernel") {
+        Some(s) => PathBuf::from(string(&s).map_err(|m| invalid(&s, m))?),
+        None => {
+            return Err(ConfigError::Missing {
+                file: file.into(),
+                key: "kernel",
+            })
+        }
+    };
+    let ramdisk = match get("ramdisk") {
+        Some(s) => Some(PathBuf::from(string(&s).map_err(|m| invalid(&s, m))?)),
+        None => None,
+    };
+    let cmdline = match get("cmdline") {
+        Some(s) => string(&s).map_err(|m| invalid(&s, m))?,
+        None => {
+            let mut parts = Vec::new();
+            if let Some(s) = get("root") {
+                parts.push(format!("root={}", string(&s).map_err(|m| invalid(&s, m))?));
+            }
+            if let Some(s) = get("extra") {
+                parts.push(string(&s).map_err(|m| invalid(&s, m))?);
+            }
+            if parts.is_empty() {
+                "console=ttyS0 panic=-1".to_string()
+            } else {
+                parts.join(" ")
+            }
+        }
+    };
+    let mut disks = Vec::new();
+    if let Some(s) = get("disk") {
+        for d in strings(&s).map_err(|m| invalid(&s, m))? {
+            let disk = parse_disk(&d).map_err(|m| invalid(&s, m))?;
+            if disks.iter().any(|x: &Disk| x.vdev == disk.vdev) {
+                return Err(invalid(&s, format!("vdev '{}' is used twice", disk.vdev)));
+            }
+            disks.push(disk);
+        }
+    }
+    let mut vifs = Vec::new();
+    if let Some(s) = get("vif") {
+        for v in strings(&s).map_err(|m| invalid(&s, m))? {
+            vifs.push(parse_vif(&v, &mut warnings).map_err(|m| invalid(&s, m))?);
+        }
+    }
+    let act = |key: &str, default| match get(key) {
+        Some(s) => action(&s).map_err(|m| invalid(&s, m)),
+        None => Ok(default),
+    };
+    let on_poweroff = act("on_poweroff", Action::Destroy)?;
+    let on_reboot = act("on_reboot", Action::Restart)?;
+    let on_crash = act("on_crash", Action::Destroy)?;
+    Ok(Loaded {
+        config: DomainConfig {
+            name,
+            memory_mib,
+            maxmem_mib,
+            vcpus,
+            cpus,
+            cpu_weight,
+            cap,
+            kernel,
+            ramdisk,
+            cmdline,
+            disks,
+            vifs,
+            on_poweroff,
+            on_reboot,
+            on_crash,
+        },
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "web-1"
+memory = 512
+maxmem = 1024
+vcpus = 2
+cpus = "0-1"
+cpu_weight = 512
+cap = 50
+kernel = "/k/vmlinuz"
+ramdisk = "/k/initrd"
+root = "/dev/vda"
+extra = "console=ttyS0 quiet"
+disk = [ '/img/web.raw,raw,xvda,rw', 'format=raw, vdev=xvdb, access=ro, target=/img/a,b.raw' ]
+vif = [ 'mac=00:16:3E:00:00:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s,script=vif-bridge' ]
+on_crash = 'restart'
+pool = "Pool-0"
+"#;
+
+    #[test]
+    fn a_full_config() {
+        let l = load("web.cfg", GOOD, &[]).unwrap();
+        let c = l.config;
+        assert_eq!(c.name, "web-1");
+        assert_eq!((c.memory_mib, c.maxmem_mib, c.vcpus), (512, 1024, 2));
+        assert_eq!((c.cpu_weight, c.cap), (512, 50));
+        assert_eq!(c.cpus.as_deref(), Some("0-1"));
+        assert_eq!(c.cmdline, "root=/dev/vda console=ttyS0 quiet");
+        assert_eq!(c.disks.len(), 2);
+        assert_eq!(c.disks[1].path, PathBuf::from("/img/a,b.raw"));
+        assert!(c.disks[1].read_only && !c.disks[0].read_only);
+        assert_eq!(c.vifs[0].mac.as_deref(), Some("00:16:3e:00:00:01"));
+        assert_eq!(c.vifs[0].rate, Some(1_250_000));
+        assert_eq!(c.on_crash, Action::Restart);
+        assert_eq!(c.on_reboot, Action::Restart);
+        assert_eq!(c.on_poweroff, Action::Destroy);
+        assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+        assert!(l.warnings.iter().any(|w| w.contains("'pool'")));
+    }
+
+    #[test]
+    fn overrides_win() {
+        let o = ["memory=768".to_string(), "name=web-2".to_string(), "cmdline=\"x y\"".to_string()];
+        let c = load("web.cfg", GOOD, &o).unwrap().config;
+        assert_eq!(c.memory_mib, 768);
+        assert_eq!(c.name, "web-2");
+        assert_eq!(c.cmdline, "x y");
+        let e = load("web.cfg", GOOD, &["memory=huge".to_string()]).unwrap_err();
+        assert_eq!(e.to_string(), "command line:0: memory: 'huge' is not a whole number from 64 to 4194304");
+    }
+
+    #[test]
+    fn invalid_values_name_file_line_and_key() {
+        for (bad, key, line) in [
+            ("memory = 'lots'", "memory", 1),
+            ("vcpus = 0", "vcpus", 1),
+            ("vcpus = 1.5", "vcpus", 1),
+            ("cpu_weight = 70000", "cpu_weight", 1),
+            ("cpus = 'a-b'", "cpus", 1),
+            ("\ndisk = ['/x,qcow2,xvda,rw']", "disk", 2),
+            ("disk = ['/x,raw,xvda']", "disk", 1),
+            ("disk = ['/x,raw,zz0,rw']", "disk", 1),
+            ("disk = ['/x,raw,xvda,rw', '/y,raw,xvda,rw']", "disk", 1),
+            ("disk = ['/x,raw,xvda,rx']", "disk", 1),
+            ("vif = ['mac=zz']", "vif", 1),
+            ("vif = ['rate=10']", "vif", 1),
+            ("vif = ['ip=300.1.1.1']", "vif", 1),
+            ("on_crash = 'explode'", "on_crash", 1),
+            ("maxmem = 100", "maxmem", 1),
+            ("name = '123'", "name", 1),
+            ("name = 'a b'", "name", 1),
+        ] {
+            let text = format!("name='n'\nkernel='/k'\nmemory=256\n{bad}");
+            let e = load("t.cfg", &text, &[]).unwrap_err();
+            match &e {
+                ConfigError::Invalid { file, line: l, key: k, .. } => {
+                    assert_eq!((file.as_str(), k.as_str(), *l), ("t.cfg", key, line + 3), "{bad}: {e}")
+                }
+                e => panic!("{bad}: {e}"),
+            }
+        }
+        assert!(matches!(load("t.cfg", "kernel='/k'", &[]), Err(ConfigError::Missing { key: "name", .. })));
+        assert!(matches!(load("t.cfg", "name='x'", &[]), Err(ConfigError::Missing { key: "kernel", .. })));
+        assert!(matches!(load("t.cfg", "name='x' x", &[]), Err(ConfigError::Syntax { line: 1, .. })));
+    }
+
+    #[test]
+    fn rates_and_cpulists() {
+        assert_eq!(parse_rate("10MB/s"), Ok(10_000_000));
+        assert_eq!(parse_rate("100Mb/s@20ms"), Ok(12_500_000));
+        assert_eq!(parse_rate("5B/s"), Ok(5));
+        assert!(parse_rate("10MB").is_err());
+        assert!(parse_rate("10XB/s").is_err());
+        assert!(parse_rate("99999999999999999999GB/s").is_err());
+        assert_eq!(parse_cpulist("0-2,5,1"), Ok(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpulist("all"), Ok(vec![]));
+        assert!(parse_cpulist("3-1").is_err());
+        assert!(parse_cpulist("").is_err());
+    }
+}
