@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod xl;
+
 use clap::{Parser, Subcommand};
 use domus_vmm::vm::{EXIT_BAD_INPUT, EXIT_VMM_ERROR};
 use domus_vmm::{Console, VmConfig};
@@ -48,6 +50,25 @@ enum Command {
     /// Tell whether /dev/kvm runs guest kernel code at hardware speed (exit 0 if so).
     #[command(name = "kvm-probe", hide = true)]
     KvmProbe,
+    /// Run the control daemon (domusd) in the foreground.
+    Daemon(xl::DaemonArgs),
+    /// Create and start a domain from an xl.cfg-style file (through the daemon).
+    Create(xl::CreateArgs),
+    /// List Domain-0 and the domains.
+    List(xl::ListArgs),
+    /// Destroy a domain at once.
+    Destroy(xl::DomArgs),
+    /// Pause a domain's vCPUs.
+    Pause(xl::DomArgs),
+    /// Let a paused domain run again.
+    Unpause(xl::DomArgs),
+    /// Set the memory a domain keeps (its balloon takes the rest).
+    #[command(name = "mem-set")]
+    MemSet(xl::MemSetArgs),
+    /// Host and daemon facts.
+    Info(xl::InfoArgs),
+    /// The daemon's log.
+    Dmesg(xl::StateArg),
 }
 
 #[derive(clap::Args)]
@@ -245,5 +266,14 @@ fn main() -> ExitCode {
         Command::Run(a) => run(a),
         Command::Kit(a) => kit(a),
         Command::KvmProbe => kvm_probe(),
+        Command::Daemon(a) => xl::daemon(a),
+        Command::Create(a) => xl::create(a),
+        Command::List(a) => xl::list(a),
+        Command::Destroy(a) => xl::simple("destroy", a),
+        Command::Pause(a) => xl::simple("pause", a),
+        Command::Unpause(a) => xl::simple("unpause", a),
+        Command::MemSet(a) => xl::mem_set(a),
+        Command::Info(a) => xl::info(a),
+        Command::Dmesg(a) => xl::dmesg(a),
     }
 }

@@ -982,3 +982,195 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn net_rate_limit_holds_within_10_percent() {
+    let dir = scratch("netrate");
+    let (helper_args, fetch) = helper_disk(&dir);
+    let tag = std::process::id() % 100_000;
+    let (br, tap) = (format!("drb{tag}"), format!("drt{tag}"));
+    let _bridge = Bridge::new(&br, "10.79.0.1/24", &[&tap]);
+    let host_recv = Command::new(guest_helper())
+        .args(["recv", "tcp", "5002"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // 16 MiB at 4 MiB/s is 4 s.
+    let cmd = format!(
+        "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; for i in $(seq 60); do ping -c 1 -W 1 10.79.0.1 >/dev/null && break; done; /h send tcp 10.79.0.1 5002 16"
+    );
+    let mut extra = helper_args;
+    extra.extend(["--net".into(), format!("tap={tap},bw=4M")]);
+    let r = boot_full(&kit().kernel, &extra, 1, "256M", "", &cmd);
+    let host = host_recv.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&host.stdout).to_string();
+    assert_clean_poweroff(&r);
+    let mbs: f64 = out
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("recv_mbs="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {out}\n{}", r.stdout));
+    let limit = 4.0 * 1048576.0 / 1e6;
+    assert!(
+        (mbs / limit - 1.0).abs() <= 0.10,
+        "{mbs:.2} MB/s for a {limit:.2} MB/s limit"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs `domus VERB ARGS...` against the daemon in `state`.
+fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_domus"))
+        .args(args)
+        .env("DOMUS_STATE_DIR", state)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn start_daemon(state: &std::path::Path) -> std::process::Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_domus"))
+        .args(["daemon", "--state-dir"])
+        .arg(state)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = state.join("domusd.sock");
+    let end = Instant::now() + Duration::from_secs(10);
+    while domus_http::request(&sock, "GET", "/v1/info", None).is_err() {
+        assert!(Instant::now() < end, "the daemon did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
+    let dir = scratch("daemon");
+    let state = dir.join("state");
+    let k = kit();
+    let mut daemon = start_daemon(&state);
+    let names = ["dom-a", "dom-b", "dom-c"];
+    for n in names {
+        let cfg = dir.join(format!("{n}.cfg"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "name = '{n}'\nmemory = 256\nvcpus = 1\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 -- while :; do :; done'\non_crash = 'destroy'\n",
+                k.kernel.display(),
+                k.initrd.display()
+            ),
+        )
+        .unwrap();
+        let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+        assert!(ok, "create {n}: {out}{err}");
+    }
+    // A bad config is refused with its file, line and key, and changes nothing.
+    let bad = dir.join("bad.cfg");
+    std::fs::write(
+        &bad,
+        format!(
+            "name = 'bad'\nkernel = '{}'\nvcpus = 'many'\n",
+            k.kernel.display()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = domus_cli(&state, &["create", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("bad.cfg:3: vcpus"), "{err}");
+    let (ok, _, err) = domus_cli(
+        &state,
+        &["create", bad.to_str().unwrap(), "vcpus=1", "name=dom-a"],
+    );
+    assert!(!ok && err.contains("exists"), "{err}");
+
+    let list = |state: &std::path::Path| -> Vec<serde_json::Value> {
+        let (ok, out, err) = domus_cli(state, &["list", "--json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let l = list(&state);
+    assert_eq!(l.len(), 4, "{l:?}");
+    assert_eq!(l[0]["name"], "Domain-0");
+    for (d, n) in l[1..].iter().zip(names) {
+        assert_eq!(
+            (d["name"].as_str(), d["state"].as_str()),
+            (Some(n), Some("running")),
+            "{d}"
+        );
+    }
+    let pids: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+
+    // Pause stops the domain's CPU time; unpause lets it grow again.
+    let cpu = |n: &str| {
+        list(&state).iter().find(|d| d["name"] == n).unwrap()["vcpu_time_s"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(domus_cli(&state, &["pause", "dom-a"]).0);
+    let a = cpu("dom-a");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(cpu("dom-a") - a < 0.05, "a paused domain ran");
+    assert!(domus_cli(&state, &["unpause", "dom-a"]).0);
+    let a = cpu("dom-a");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(cpu("dom-a") - a > 0.2, "an unpaused domain did not run");
+
+    // SIGKILL the daemon: the domains keep running and a new daemon finds them.
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    for p in &pids {
+        assert!(
+            std::path::Path::new(&format!("/proc/{p}")).exists(),
+            "domain {p} died with the daemon"
+        );
+    }
+    let mut daemon = start_daemon(&state);
+    let l = list(&state);
+    let again: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+    assert_eq!(again, pids);
+    assert!(l[1..].iter().all(|d| d["state"] == "running"), "{l:?}");
+
+    // mem-set moves the balloon.
+    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "192M"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "4G"]);
+    assert!(!ok && err.contains("maxmem"), "{err}");
+
+    // Destroy releases everything.
+    for n in names {
+        let (ok, _, err) = domus_cli(&state, &["destroy", n]);
+        assert!(ok, "destroy {n}: {err}");
+    }
+    for p in &pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{p}")).exists(),
+            "VMM {p} outlived destroy"
+        );
+    }
+    assert_eq!(list(&state).len(), 1);
+    assert_eq!(
+        std::fs::read_dir(state.join("domains")).unwrap().count(),
+        0,
+        "files left"
+    );
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus");
+    if cg.exists() {
+        let left: Vec<_> = std::fs::read_dir(cg)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .collect();
+        assert!(left.is_empty(), "cgroups left: {left:?}");
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -264,7 +264,15 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     m[SETTINGS + 1] = 2;
     m[SETTINGS + 2] = 5;
     for i in 0..3u16 {
-        desc(&mut m, 0, i.into(), 0x3000 + u64::from(i) * 0x600, 1500, 2, 0);
+        desc(
+            &mut m,
+            0,
+            i.into(),
+            0x3000 + u64::from(i) * 0x600,
+            1500,
+            2,
+            0,
+        );
         let at = 0x1004 + usize::from(i) * 2;
         m[at..at + 2].copy_from_slice(&i.to_le_bytes());
     }

@@ -166,7 +166,11 @@ pub fn parse_cpulist(s: &str) -> Result<Vec<u32>, String> {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (a, b): (u32, u32) = match (a.parse(), b.parse()) {
             (Ok(a), Ok(b)) if a <= b && b < 4096 => (a, b),
-            _ => return Err(format!("'{part}' is not a CPU or a range of CPUs (like 0-3)")),
+            _ => {
+                return Err(format!(
+                    "'{part}' is not a CPU or a range of CPUs (like 0-3)"
+                ))
+            }
         };
         out.extend(a..=b);
     }
@@ -228,7 +232,9 @@ pub fn parse_disk(spec: &str) -> Result<Disk, String> {
         vdev = Some(p[2].to_string());
         access = Some(p[3].to_string());
     }
-    let target = target.filter(|t| !t.is_empty()).ok_or("the disk has no target path")?;
+    let target = target
+        .filter(|t| !t.is_empty())
+        .ok_or("the disk has no target path")?;
     match format.as_deref().unwrap_or("raw") {
         "raw" | "" => {}
         f => return Err(format!("format '{f}' is not supported (only raw)")),
@@ -274,7 +280,11 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         "Kb" => (1_000, true),
         "Mb" => (1_000_000, true),
         "Gb" => (1_000_000_000, true),
-        u => return Err(format!("rate unit '{u}' is not B, KB, MB, GB, b, Kb, Mb or Gb")),
+        u => {
+            return Err(format!(
+                "rate unit '{u}' is not B, KB, MB, GB, b, Kb, Mb or Gb"
+            ))
+        }
     };
     let v = n.checked_mul(mult).ok_or("rate too large")?;
     Ok(if bits { v / 8 } else { v })
@@ -347,7 +357,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
         }
     }
     let mut warnings = Vec::new();
-    let mut get = |key: &str| settings.iter().find(|s| s.key == key).cloned();
+    let get = |key: &str| settings.iter().find(|s| s.key == key).cloned();
     let invalid = |s: &Setting, msg: String| ConfigError::Invalid {
         file: if s.line == 0 {
             "command line".into()
@@ -360,7 +370,10 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
     };
     for s in &settings {
         if !KNOWN.contains(&s.key.as_str()) {
-            warnings.push(format!("{file}:{}: unknown key '{}' ignored", s.line, s.key));
+            warnings.push(format!(
+                "{file}:{}: unknown key '{}' ignored",
+                s.line, s.key
+            ));
         }
     }
     let name = match get("name") {
@@ -368,7 +381,8 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             let n = string(&s).map_err(|m| invalid(&s, m))?;
             let ok = !n.is_empty()
                 && n.len() <= 64
-                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
                 && !n.bytes().all(|b| b.is_ascii_digit());
             if !ok {
                 return Err(invalid(
@@ -393,7 +407,10 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
         Some(s) => {
             let m = int(&s, 64, 1 << 22).map_err(|m| invalid(&s, m))?;
             if m < memory_mib {
-                return Err(invalid(&s, format!("{m} MiB is less than memory ({memory_mib} MiB)")));
+                return Err(invalid(
+                    &s,
+                    format!("{m} MiB is less than memory ({memory_mib} MiB)"),
+                ));
             }
             m
         }
@@ -539,13 +556,20 @@ pool = "Pool-0"
 
     #[test]
     fn overrides_win() {
-        let o = ["memory=768".to_string(), "name=web-2".to_string(), "cmdline=\"x y\"".to_string()];
+        let o = [
+            "memory=768".to_string(),
+            "name=web-2".to_string(),
+            "cmdline=\"x y\"".to_string(),
+        ];
         let c = load("web.cfg", GOOD, &o).unwrap().config;
         assert_eq!(c.memory_mib, 768);
         assert_eq!(c.name, "web-2");
         assert_eq!(c.cmdline, "x y");
         let e = load("web.cfg", GOOD, &["memory=huge".to_string()]).unwrap_err();
-        assert_eq!(e.to_string(), "command line:0: memory: 'huge' is not a whole number from 64 to 4194304");
+        assert_eq!(
+            e.to_string(),
+            "command line:0: memory: 'huge' is not a whole number from 64 to 4194304"
+        );
     }
 
     #[test]
@@ -572,15 +596,33 @@ pool = "Pool-0"
             let text = format!("name='n'\nkernel='/k'\nmemory=256\n{bad}");
             let e = load("t.cfg", &text, &[]).unwrap_err();
             match &e {
-                ConfigError::Invalid { file, line: l, key: k, .. } => {
-                    assert_eq!((file.as_str(), k.as_str(), *l), ("t.cfg", key, line + 3), "{bad}: {e}")
+                ConfigError::Invalid {
+                    file,
+                    line: l,
+                    key: k,
+                    ..
+                } => {
+                    assert_eq!(
+                        (file.as_str(), k.as_str(), *l),
+                        ("t.cfg", key, line + 3),
+                        "{bad}: {e}"
+                    )
                 }
                 e => panic!("{bad}: {e}"),
             }
         }
-        assert!(matches!(load("t.cfg", "kernel='/k'", &[]), Err(ConfigError::Missing { key: "name", .. })));
-        assert!(matches!(load("t.cfg", "name='x'", &[]), Err(ConfigError::Missing { key: "kernel", .. })));
-        assert!(matches!(load("t.cfg", "name='x' x", &[]), Err(ConfigError::Syntax { line: 1, .. })));
+        assert!(matches!(
+            load("t.cfg", "kernel='/k'", &[]),
+            Err(ConfigError::Missing { key: "name", .. })
+        ));
+        assert!(matches!(
+            load("t.cfg", "name='x'", &[]),
+            Err(ConfigError::Missing { key: "kernel", .. })
+        ));
+        assert!(matches!(
+            load("t.cfg", "name='x' x", &[]),
+            Err(ConfigError::Syntax { line: 1, .. })
+        ));
     }
 
     #[test]

@@ -151,12 +151,7 @@ impl<'a> Lexer<'a> {
                 }
                 Tok::Ident(String::from_utf8_lossy(&self.s[start..self.pos]).into_owned())
             }
-            c => {
-                return Err(self.err(format!(
-                    "unexpected '{}'",
-                    char::from(c).escape_default()
-                )))
-            }
+            c => return Err(self.err(format!("unexpected '{}'", char::from(c).escape_default()))),
         };
         Ok((tok, line))
     }
@@ -269,7 +264,13 @@ pub fn parse(text: &str) -> Result<Vec<Setting>, SyntaxError> {
         if append {
             let prev = out.iter_mut().rev().find(|s| s.key == key);
             match (prev, value) {
-                (Some(Setting { value: Value::List(l), .. }), Value::List(more)) => l.extend(more),
+                (
+                    Some(Setting {
+                        value: Value::List(l),
+                        ..
+                    }),
+                    Value::List(more),
+                ) => l.extend(more),
                 _ => {
                     return Err(SyntaxError {
                         line,
@@ -305,7 +306,9 @@ cap = 0x10
         assert_eq!(get("name").line, 3);
         assert_eq!(get("vcpus").value, Value::Num(2.0));
         assert_eq!(get("vcpus").line, 4);
-        let Value::List(d) = &get("disk").value else { panic!() };
+        let Value::List(d) = &get("disk").value else {
+            panic!()
+        };
         assert_eq!(d.len(), 2);
         assert_eq!(get("vif").line, 7);
         assert_eq!(get("cap").value, Value::Num(16.0));
@@ -348,7 +351,9 @@ cap = 0x10
         for _ in 0..2000 {
             let mut s = Vec::new();
             for _ in 0..(seed % 40) {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 const ALPHABET: &[u8] = b"ab=[]'\",;#\n +-0x9.e";
                 s.push(ALPHABET[(seed >> 33) as usize % ALPHABET.len()]);
             }

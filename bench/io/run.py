@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""bench/io: virtio-blk, virtio-net and virtio-vsock throughput, Domus vs
+QEMU vs native, in one session on one host (the nested KVM host on the
+development machines), RUNS interleaved rounds.
+
+Each round, for each VMM (Domus, then QEMU `-accel kvm -M q35` with the
+same kernel, initramfs, images, memory and one vCPU, all devices virtio-pci
+with QEMU's defaults: cache=writeback aio=threads disks, a userspace
+virtio-net backend (vhost=off, like Domus), vhost-vsock):
+
+  * guest A boots with the kit rootfs (plus the helper as /h) as /dev/vda,
+    a data image as /dev/vdb, a tap on a bridge and a vsock CID, and runs
+      - `domus-guest ioload /dev/vdb SECONDS`: sequential write and read in
+        1 MiB blocks, 4 KiB random read and write one at a time, O_DIRECT;
+      - TCP guest -> host (the host receives on the bridge), MIB MiB;
+      - vsock guest -> host (CID 2), MIB MiB;
+      - then receives MIB MiB over TCP from guest B (guest -> guest), which
+        the harness boots on the same bridge once A listens.
+  * Native, on the host itself: ioload on the data image, and TCP over
+    loopback. There is no native vsock row.
+
+Throughput is measured at the receiving end (accept to end of stream).
+Run with tools/bench-io, which runs each round (`run.py round OUT`) in a
+fresh nested host, retries a round that hangs it, and then writes
+results.json and results.md here (`run.py report HANGS ROUNDS...`).
+"""
+import base64
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RUNS = int(os.environ.get("RUNS", "5"))
+SECONDS = os.environ.get("SECONDS_PER_TEST", "2")
+NET_MIB = int(os.environ.get("NET_MIB", "64"))
+MEMORY_MIB = 512
+DATA_MIB = 256
+DOMUS = os.path.join(REPO, "target/release/domus")
+HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
+BLOCK_KEYS = ["seq_read_mbs", "seq_write_mbs", "rand_read_iops", "rand_write_iops"]
+KEYS = BLOCK_KEYS + ["tcp_g2h_mbs", "tcp_g2g_mbs", "vsock_g2h_mbs"]
+LABELS = {
+    "seq_read_mbs": "sequential read (MB/s)",
+    "seq_write_mbs": "sequential write (MB/s)",
+    "rand_read_iops": "4 KiB random read (IOPS)",
+    "rand_write_iops": "4 KiB random write (IOPS)",
+    "tcp_g2h_mbs": "TCP guest to host (MB/s)",
+    "tcp_g2g_mbs": "TCP guest to guest (MB/s)",
+    "vsock_g2h_mbs": "vsock guest to host (MB/s)",
+}
+BRIDGE, TAP_A, TAP_B = "bbr0", "btapa", "btapb"
+HOST_IP, A_IP, B_IP = "10.78.0.1", "10.78.0.2", "10.78.0.3"
+CID = 42
+
+
+def say(msg):
+    print(f"bench/io: {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*args, **kw):
+    return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw)
+
+
+def kit():
+    out = sh(DOMUS, "kit", "--print").stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def fields(out):
+    vals = {}
+    for word in out.split():
+        if "=" in word:
+            k, v = word.split("=", 1)
+            try:
+                vals[k] = float(v)
+            except ValueError:
+                vals[k] = v
+    return vals
+
+
+def cmdline(cmd, root):
+    enc = base64.b64encode(cmd.encode()).decode()
+    r = " root=/dev/vda" if root else ""
+    return f"console=ttyS0 quiet panic=-1{r} domus.cmd={enc}"
+
+
+def net_up(ip):
+    return (f"ip link set lo up; ip link set eth0 up; ip addr add {ip}/24 dev eth0; "
+            f"for i in $(seq 60); do ping -c 1 -W 1 {HOST_IP} >/dev/null && break; done; ")
+
+
+def guest_a_cmd():
+    return (net_up(A_IP) + f"/h ioload /dev/vdb {SECONDS}; "
+            f"/h send tcp {HOST_IP} 5001 {NET_MIB} >/dev/null; "
+            f"/h send vsock 2 5002 {NET_MIB} >/dev/null; "
+            f"echo phase=g2g; /h recv tcp 5000 | sed 's/recv_mbs/g2g_mbs/'")
+
+
+def guest_b_cmd(helper_size):
+    return (f"head -c {helper_size} /dev/vda > /h; chmod +x /h; " + net_up(B_IP) +
+            f"for i in $(seq 60); do ping -c 1 -W 1 {A_IP} >/dev/null && break; done; "
+            f"sleep 1; /h send tcp {A_IP} 5000 {NET_MIB}")
+
+
+def vmm_cmd(vmm, k, disks, tap, mac, cid, cl):
+    """disks: [(path, read_only)]"""
+    if vmm == "domus":
+        c = [DOMUS, "run", "--kernel", k["kernel"], "--initrd", k["initrd"],
+             "--memory", f"{MEMORY_MIB}M", "--vcpus", "1", "--cmdline", cl,
+             "--net", f"tap={tap},mac={mac}"]
+        for path, ro in disks:
+            c += ["--disk", path + (",ro" if ro else "")]
+        if cid:
+            c += ["--vsock", f"cid={cid}"]
+        return c
+    c = ["qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "q35",
+         "-m", str(MEMORY_MIB), "-smp", "1", "-nodefaults", "-no-user-config",
+         "-display", "none", "-serial", "stdio", "-no-reboot",
+         "-kernel", k["kernel"], "-initrd", k["initrd"], "-append", cl,
+         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no,vhost=off",
+         "-device", f"virtio-net-pci,netdev=n0,mac={mac}"]
+    for i, (path, ro) in enumerate(disks):
+        c += ["-drive", f"file={path},if=none,id=d{i},format=raw" + (",readonly=on" if ro else ""),
+              "-device", f"virtio-blk-pci,drive=d{i}"]
+    if cid:
+        c += ["-device", f"vhost-vsock-pci,guest-cid={cid}"]
+    return c
+
+
+def receiver(kind, port):
+    return subprocess.Popen([HELPER, "recv", kind, str(port)], stdout=subprocess.PIPE, text=True)
+
+
+def one_round(vmm, k, root, data, helper_img, helper_size):
+    """Runs guest A (and B) under `vmm`; returns the measurements."""
+    say(f"{vmm}: guest A (block, TCP and vsock to the host)")
+    tcp = receiver("tcp", 5001)
+    vs = receiver("vsock", 5002)
+    time.sleep(0.2)
+    a = subprocess.Popen(
+        vmm_cmd(vmm, k, [(root, False), (data, False)], TAP_A, "52:54:00:00:00:0a", CID,
+                cmdline(guest_a_cmd(), True)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, b = [], None
+    deadline = time.time() + 600
+    for line in a.stdout:
+        out.append(line)
+        if line.strip() == "phase=g2g" and b is None:
+            say(f"{vmm}: guest B (TCP to guest A)")
+            b = subprocess.Popen(
+                vmm_cmd(vmm, k, [(helper_img, True)], TAP_B, "52:54:00:00:00:0b", None,
+                        cmdline(guest_b_cmd(helper_size), False)),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if time.time() > deadline:
+            a.kill()
+    a.wait()
+    if b is not None:
+        b.wait(timeout=120)
+    text = "".join(out)
+    try:
+        tcp_out, _ = tcp.communicate(timeout=10)
+        vs_out, _ = vs.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        tcp.kill()
+        vs.kill()
+        raise RuntimeError(f"{vmm}: the host never got the guest's streams; guest output:\n"
+                           f"{text[-3000:]}\n{a.stderr.read()[-2000:]}")
+    v = fields(text)
+    res = {key: v.get(key) for key in BLOCK_KEYS}
+    res["direct"] = v.get("direct")
+    res["tcp_g2h_mbs"] = fields(tcp_out).get("recv_mbs")
+    res["vsock_g2h_mbs"] = fields(vs_out).get("recv_mbs")
+    res["tcp_g2g_mbs"] = v.get("g2g_mbs")
+    missing = [key for key in KEYS if res.get(key) is None]
+    if missing:
+        raise RuntimeError(f"{vmm}: no {missing}; guest output:\n{text[-3000:]}")
+    return res
+
+
+def native(data):
+    say("native")
+    v = fields(sh(HELPER, "ioload", data, SECONDS).stdout)
+    r = receiver("tcp", 5003)
+    time.sleep(0.2)
+    sh(HELPER, "send", "tcp", "127.0.0.1", "5003", str(NET_MIB))
+    tcp_out, _ = r.communicate(timeout=60)
+    res = {key: v[key] for key in BLOCK_KEYS}
+    res["direct"] = v.get("direct")
+    res["tcp_g2h_mbs"] = res["tcp_g2g_mbs"] = fields(tcp_out)["recv_mbs"]
+    res["vsock_g2h_mbs"] = None
+    return res
+
+
+def bridge(up):
+    if not up:
+        for link in (TAP_A, TAP_B, BRIDGE):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        return
+    bridge(False)
+    sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", BRIDGE)
+    sh("ip", "link", "set", BRIDGE, "up")
+    for t in (TAP_A, TAP_B):
+        sh("ip", "tuntap", "add", "dev", t, "mode", "tap")
+        sh("ip", "link", "set", t, "master", BRIDGE)
+        sh("ip", "link", "set", t, "up")
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def one_full_round(out_path):
+    """Native, Domus and QEMU once; writes {"native": .., "domus": .., "qemu": ..}."""
+    k = kit()
+    work = tempfile.mkdtemp(prefix="domus-bench-io-")
+    root = os.path.join(work, "root.img")
+    data = os.path.join(work, "data.img")
+    helper_img = os.path.join(work, "helper.img")
+    shutil.copy(k["rootfs"], root)
+    sh("debugfs", "-w", "-R", f"write {HELPER} /h", root)
+    sh("fallocate", "-l", f"{DATA_MIB}M", data)
+    helper_size = os.path.getsize(HELPER)
+    shutil.copy(HELPER, helper_img)
+    with open(helper_img, "ab") as f:
+        f.write(b"\0" * (-helper_size % 512))
+    bridge(True)
+    try:
+        res = {"native": native(data)}
+        for vmm in ("domus", "qemu"):
+            res[vmm] = one_round(vmm, k, root, data, helper_img, helper_size)
+    finally:
+        bridge(False)
+        shutil.rmtree(work, ignore_errors=True)
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "round":
+        if not os.path.exists(HELPER):
+            sys.exit(f"{HELPER} missing: run tools/bench-io")
+        return one_full_round(sys.argv[2])
+    if len(sys.argv) < 3 or sys.argv[1] != "report":
+        sys.exit("usage: run.py round OUT.json | run.py report HANGS ROUND.json...")
+    hangs = int(sys.argv[2])
+    rounds = []
+    for p in sys.argv[3:]:
+        with open(p) as f:
+            rounds.append(json.load(f))
+    results = {n: [r[n] for r in rounds] for n in ("native", "domus", "qemu")}
+    global RUNS
+    RUNS = len(rounds)
+    median = {n: {key: med(x[key] for x in runs) for key in KEYS} for n, runs in results.items()}
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    doc = {
+        "benchmark": "bench/io",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "tools/bench-io",
+        "machine": {
+            "host": platform.node(),
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)",
+        },
+        "config": {"runs": RUNS, "nested_host_hangs_retried": hangs, "seconds_per_block_test": float(SECONDS), "net_mib": NET_MIB,
+                   "memory_mib": MEMORY_MIB, "vcpus": 1, "data_mib": DATA_MIB,
+                   "guest_direct_io": all(x.get("direct") == 1 for x in results["domus"]),
+                   "native_direct_io": all(x.get("direct") == 1 for x in results["native"]),
+                   "qemu_net_backend": "tap, vhost=off", "domus_net_backend": "tap, userspace",
+                   "vsock_backend": "vhost-vsock (both)"},
+        "runs": results,
+        "median": median,
+        "ratios": {key: {"domus_vs_qemu": ratio(median["domus"][key], median["qemu"][key]),
+                         "domus_vs_native": ratio(median["domus"][key], median["native"][key])}
+                   for key in KEYS},
+    }
+    with open(os.path.join(HERE, "results.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+    def fmt(x, p=0):
+        return "n/a" if x is None else f"{x:.{p}f}"
+
+    lines = [
+        "# bench/io results",
+        "",
+        f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel "
+        f"{platform.release()}), in the nested KVM host; command `tools/bench-io`; "
+        f"medians of {RUNS} rounds; block tests {SECONDS} s each on a {DATA_MIB} MiB data "
+        f"disk, network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",
+        "",
+        "| test | native | Domus | QEMU | Domus/QEMU | Domus/native |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key in KEYS:
+        r = doc["ratios"][key]
+        lines.append(f"| {LABELS[key]} | {fmt(median['native'][key])} | "
+                     f"{fmt(median['domus'][key])} | {fmt(median['qemu'][key])} | "
+                     f"{fmt(r['domus_vs_qemu'], 2)} | {fmt(r['domus_vs_native'], 2)} |")
+    lines += [
+        "",
+        "Guests use O_DIRECT on /dev/vdb; the image lives on the host's tmpfs, where "
+        "O_DIRECT is " + ("used" if doc["config"]["native_direct_io"] else
+                          "not available, so native block numbers are page-cache copies") + ".",
+        "Native TCP is loopback on the host (both TCP rows); there is no native vsock row.",
+        "Both VMMs use a userspace virtio-net backend on the same taps and bridge, and "
+        "vhost-vsock.",
+        f"Each round runs in a fresh nested host; {hangs} round(s) hung the nested host "
+        "(see README, known issues) and were run again.",
+        "",
+    ]
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

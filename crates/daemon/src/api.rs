@@ -1,0 +1,249 @@
+//! The daemon's REST API (`domusd.sock`). Routes are listed once, in
+//! [`ROUTES`], and checked against `api/daemon.openapi.json` by a test.
+
+use domus_http::{Request, Response};
+use serde_json::{json, Map, Value};
+
+use crate::{Daemon, Error};
+
+pub const OPENAPI: &str = include_str!("../../../api/daemon.openapi.json");
+
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/openapi.json"),
+    ("GET", "/v1/info"),
+    ("GET", "/v1/dmesg"),
+    ("GET", "/v1/domains"),
+    ("POST", "/v1/domains"),
+    ("GET", "/v1/domains/{dom}"),
+    ("DELETE", "/v1/domains/{dom}"),
+    ("PUT", "/v1/domains/{dom}/pause"),
+    ("PUT", "/v1/domains/{dom}/unpause"),
+    ("PUT", "/v1/domains/{dom}/memory"),
+];
+
+fn ok(v: Value) -> Response {
+    Response::json(200, v.to_string())
+}
+
+fn err(e: &Error) -> Response {
+    Response::error(e.status(), &e.to_string())
+}
+
+/// Finds the route (index, `{dom}`), or the 404/405 answer.
+pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>), Response> {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let mut known = false;
+    for (i, (m, tpl)) in ROUTES.iter().enumerate() {
+        let t: Vec<&str> = tpl.split('/').collect();
+        if t.len() != segs.len() {
+            continue;
+        }
+        let mut arg = None;
+        let hit = t.iter().zip(&segs).all(|(t, s)| {
+            if *t == "{dom}" {
+                arg = Some(*s);
+                !s.is_empty()
+            } else {
+                t == s
+            }
+        });
+        if hit {
+            known = true;
+            if *m == method {
+                return Ok((i, arg));
+            }
+        }
+    }
+    Err(if known {
+        Response::error(405, &format!("{method} is not allowed on {path}"))
+    } else {
+        Response::error(404, &format!("no such resource: {path}"))
+    })
+}
+
+fn body(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Response> {
+    let v: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| Response::error(400, &format!("body is not valid JSON: {e}")))?;
+    let Value::Object(m) = v else {
+        return Err(Response::error(400, "body must be a JSON object"));
+    };
+    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Response::error(400, &format!("unknown field '{k}'")));
+    }
+    Ok(m)
+}
+
+fn create(d: &Daemon, req: &Request) -> Result<Response, Response> {
+    let m = body(req, &["config", "file", "dir", "overrides"])?;
+    let text = m
+        .get("config")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Response::error(400, "'config' (the file's text) is required"))?;
+    let file = m.get("file").and_then(Value::as_str).unwrap_or("config");
+    let dir = m.get("dir").and_then(Value::as_str).unwrap_or("/");
+    let overrides: Vec<String> = match m.get("overrides") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Response::error(400, "'overrides' must be strings"))?,
+        Some(_) => return Err(Response::error(400, "'overrides' must be a list")),
+    };
+    let (dom, warnings) = d.create(file, dir, text, &overrides).map_err(|e| err(&e))?;
+    Ok(Response::json(
+        201,
+        json!({ "domain": dom, "warnings": warnings }).to_string(),
+    ))
+}
+
+pub fn handle(d: &Daemon, req: &Request) -> Response {
+    let (i, dom) = match route(&req.method, &req.path) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let dom = dom.unwrap_or_default();
+    let r: Result<Response, Response> = match (ROUTES[i].0, ROUTES[i].1) {
+        (_, "/openapi.json") => Ok(Response::json(200, OPENAPI)),
+        (_, "/v1/info") => Ok(ok(d.info())),
+        (_, "/v1/dmesg") => d
+            .dmesg()
+            .map(|l| {
+                ok(json!(l
+                    .into_iter()
+                    .map(|(t, m)| json!({"at": t, "msg": m}))
+                    .collect::<Vec<_>>()))
+            })
+            .map_err(|e| err(&e)),
+        ("GET", "/v1/domains") => d.list().map(|l| ok(Value::Array(l))).map_err(|e| err(&e)),
+        ("POST", "/v1/domains") => create(d, req),
+        ("GET", "/v1/domains/{dom}") => {
+            d.find(dom).map(|r| ok(d.describe(&r))).map_err(|e| err(&e))
+        }
+        ("DELETE", "/v1/domains/{dom}") => d
+            .destroy(dom)
+            .map(|()| Response::no_content())
+            .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/pause") => d
+            .domain_request(dom, "PUT", "/v1/domain/pause", None)
+            .and_then(|_| d.find(dom))
+            .map(|r| ok(d.describe(&r)))
+            .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/unpause") => d
+            .domain_request(dom, "PUT", "/v1/domain/resume", None)
+            .and_then(|_| d.find(dom))
+            .map(|r| ok(d.describe(&r)))
+            .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/memory") => body(req, &["target_mib"]).and_then(|m| {
+            let t = m
+                .get("target_mib")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| Response::error(400, "'target_mib' must be a whole number"))?;
+            d.mem_set(dom, t).map(ok).map_err(|e| err(&e))
+        }),
+        _ => Err(Response::error(500, "route without a handler")),
+    };
+    r.unwrap_or_else(|e| e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_routes() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        let mut documented = BTreeSet::new();
+        for (p, ops) in doc["paths"].as_object().unwrap() {
+            for m in ops
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|m| *m != "parameters")
+            {
+                documented.insert((m.to_uppercase(), p.clone()));
+            }
+        }
+        let served: BTreeSet<_> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(documented, served);
+    }
+
+    #[test]
+    fn routing() {
+        assert_eq!(route("GET", "/v1/domains/web").unwrap(), (5, Some("web")));
+        assert_eq!(route("PUT", "/v1/domains/3/pause").unwrap().1, Some("3"));
+        assert_eq!(route("PATCH", "/v1/domains").unwrap_err().status, 405);
+        assert_eq!(route("GET", "/v2").unwrap_err().status, 404);
+    }
+
+    #[test]
+    fn a_daemon_refuses_bad_requests_and_changes_nothing() {
+        let state = std::env::temp_dir().join(format!("domus-d-{}", std::process::id()));
+        let d = Daemon::open(state.clone(), "/bin/false".into(), 0).unwrap();
+        let req = |m: &str, p: &str, b: &str| Request {
+            method: m.into(),
+            path: p.into(),
+            query: None,
+            headers: Vec::new(),
+            body: b.as_bytes().to_vec(),
+        };
+        for (m, p, b, want) in [
+            ("POST", "/v1/domains", "{}", 400),
+            ("POST", "/v1/domains", "nope", 400),
+            ("POST", "/v1/domains", r#"{"config": "name = 'x'"}"#, 400),
+            (
+                "POST",
+                "/v1/domains",
+                r#"{"config": "name='x'\nkernel='/k'\nmemory='lots'", "file": "x.cfg"}"#,
+                400,
+            ),
+            (
+                "POST",
+                "/v1/domains",
+                r#"{"config": "x", "colour": 1}"#,
+                400,
+            ),
+            (
+                "POST",
+                "/v1/domains",
+                r#"{"config": "name='x'\nkernel='/k'\nmemory=4000000"}"#,
+                409,
+            ),
+            ("GET", "/v1/domains/ghost", "", 404),
+            ("DELETE", "/v1/domains/ghost", "", 404),
+            ("PUT", "/v1/domains/ghost/pause", "", 404),
+            (
+                "PUT",
+                "/v1/domains/ghost/memory",
+                r#"{"target_mib": "x"}"#,
+                400,
+            ),
+        ] {
+            let r = handle(&d, &req(m, p, b));
+            assert_eq!(
+                r.status,
+                want,
+                "{m} {p} {b}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        let r = handle(
+            &d,
+            &req(
+                "POST",
+                "/v1/domains",
+                r#"{"config": "name='x'\nkernel='/k'\nmemory='lots'", "file": "x.cfg"}"#,
+            ),
+        );
+        assert!(String::from_utf8_lossy(&r.body).contains("x.cfg:3: memory"));
+        let list = handle(&d, &req("GET", "/v1/domains", ""));
+        let v: Value = serde_json::from_slice(&list.body).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 1, "only Domain-0: {v}");
+        assert_eq!(v[0]["name"], "Domain-0");
+        let _ = std::fs::remove_dir_all(state);
+    }
+}

@@ -1,0 +1,218 @@
+//! The daemon's state: one SQLite database (WAL) in the state directory.
+//! A domain's row holds what is needed to find it again after the daemon
+//! restarts: its configuration as given (text, file, directory, command-line
+//! overrides), its VMM's pid and that process's start time (so a reused
+//! pid is never mistaken for it), and its lifecycle state.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub id: i64,
+    pub name: String,
+    pub cfg_text: String,
+    pub cfg_file: String,
+    pub cfg_dir: String,
+    /// JSON array of `key=value` strings.
+    pub overrides: String,
+    pub pid: Option<i64>,
+    /// The VMM's start time in clock ticks since boot (/proc/PID/stat).
+    pub start_time: Option<i64>,
+    /// creating, running, shutdown, crashed, destroying.
+    pub state: String,
+    pub restarts: i64,
+    pub memory_mib: i64,
+}
+
+pub struct Db {
+    conn: Connection,
+}
+
+impl Db {
+    pub fn open(path: &Path) -> rusqlite::Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS domains (
+                id INTEGER PRIMARY KEY,
+                name TEXT NOT NULL UNIQUE,
+                cfg_text TEXT NOT NULL,
+                cfg_file TEXT NOT NULL,
+                cfg_dir TEXT NOT NULL,
+                overrides TEXT NOT NULL,
+                pid INTEGER,
+                start_time INTEGER,
+                state TEXT NOT NULL,
+                restarts INTEGER NOT NULL DEFAULT 0,
+                memory_mib INTEGER NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS log (
+                at REAL NOT NULL,
+                msg TEXT NOT NULL
+            );",
+        )?;
+        Ok(Self { conn })
+    }
+
+    fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+        Ok(Row {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            cfg_text: r.get(2)?,
+            cfg_file: r.get(3)?,
+            cfg_dir: r.get(4)?,
+            overrides: r.get(5)?,
+            pid: r.get(6)?,
+            start_time: r.get(7)?,
+            state: r.get(8)?,
+            restarts: r.get(9)?,
+            memory_mib: r.get(10)?,
+        })
+    }
+
+    const COLS: &'static str = "id, name, cfg_text, cfg_file, cfg_dir, overrides, pid, start_time, state, restarts, memory_mib";
+
+    pub fn all(&self) -> rusqlite::Result<Vec<Row>> {
+        let mut st = self
+            .conn
+            .prepare(&format!("SELECT {} FROM domains ORDER BY id", Self::COLS))?;
+        let rows = st.query_map([], Self::row)?;
+        rows.collect()
+    }
+
+    pub fn get(&self, id: i64) -> rusqlite::Result<Option<Row>> {
+        self.conn
+            .query_row(
+                &format!("SELECT {} FROM domains WHERE id = ?1", Self::COLS),
+                [id],
+                Self::row,
+            )
+            .optional()
+    }
+
+    /// Inserts a new domain in state `creating` with the next free id (ids
+    /// start at 1; 0 is the host) and returns the id.
+    pub fn insert(&self, r: &Row) -> rusqlite::Result<i64> {
+        self.conn.execute(
+            "INSERT INTO domains (id, name, cfg_text, cfg_file, cfg_dir, overrides, state, memory_mib)
+             VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM domains), ?1, ?2, ?3, ?4, ?5, 'creating', ?6)",
+            params![r.name, r.cfg_text, r.cfg_file, r.cfg_dir, r.overrides, r.memory_mib],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    pub fn set_running(&self, id: i64, pid: i64, start_time: i64) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET pid = ?2, start_time = ?3, state = 'running' WHERE id = ?1",
+            params![id, pid, start_time],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_state(&self, id: i64, state: &str) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET state = ?2 WHERE id = ?1",
+            params![id, state],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_memory(&self, id: i64, mib: i64) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET memory_mib = ?2 WHERE id = ?1",
+            params![id, mib],
+        )?;
+        Ok(())
+    }
+
+    pub fn count_restart(&self, id: i64) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET restarts = restarts + 1 WHERE id = ?1",
+            [id],
+        )?;
+        Ok(())
+    }
+
+    pub fn rename(&self, id: i64, name: &str) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET name = ?2 WHERE id = ?1",
+            params![id, name],
+        )?;
+        Ok(())
+    }
+
+    pub fn delete(&self, id: i64) -> rusqlite::Result<()> {
+        self.conn
+            .execute("DELETE FROM domains WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// Appends a line to the daemon log (`domus dmesg`).
+    pub fn log(&self, msg: &str) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let _ = self.conn.execute(
+            "INSERT INTO log (at, msg) VALUES (?1, ?2)",
+            params![now, msg],
+        );
+    }
+
+    pub fn log_lines(&self) -> rusqlite::Result<Vec<(f64, String)>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT at, msg FROM log ORDER BY rowid")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str) -> Row {
+        Row {
+            id: 0,
+            name: name.into(),
+            cfg_text: "name='x'".into(),
+            cfg_file: "x.cfg".into(),
+            cfg_dir: "/".into(),
+            overrides: "[]".into(),
+            pid: None,
+            start_time: None,
+            state: String::new(),
+            restarts: 0,
+            memory_mib: 256,
+        }
+    }
+
+    #[test]
+    fn domains_survive_reopening_and_names_are_unique() {
+        let dir = std::env::temp_dir().join(format!("domus-db-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        {
+            let db = Db::open(&path).unwrap();
+            assert_eq!(db.insert(&row("a")).unwrap(), 1);
+            assert_eq!(db.insert(&row("b")).unwrap(), 2);
+            assert!(db.insert(&row("a")).is_err(), "duplicate name");
+            db.set_running(1, 1234, 99).unwrap();
+            db.delete(2).unwrap();
+            assert_eq!(db.insert(&row("c")).unwrap(), 2);
+            db.log("hello");
+        }
+        let db = Db::open(&path).unwrap();
+        let all = db.all().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!((all[0].pid, all[0].state.as_str()), (Some(1234), "running"));
+        assert_eq!(all[1].state, "creating");
+        assert_eq!(db.log_lines().unwrap()[0].1, "hello");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,794 @@
+//! `domus daemon` (domusd): the control daemon, Xen's Domain0 tools for
+//! Domus. One per host. Each domain is a `domus run` process that the
+//! daemon starts detached (its own session and cgroup) and manages through
+//! the domain's API socket; the daemon's state lives in SQLite under the
+//! state directory, so killing the daemon, even with SIGKILL, leaves every
+//! domain running, and a new daemon finds them all again.
+//!
+//! State directory layout: `domusd.sock` (the daemon's REST API),
+//! `state.db`, and `domains/<id>/` with the domain's `api.sock`,
+//! `console.log` and `vmm.log`.
+
+pub mod api;
+pub mod cgroup;
+pub mod db;
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use domus_xlcfg::{Action, DomainConfig};
+use serde_json::{json, Value};
+
+pub use db::Db;
+
+/// The state directory: `--state-dir`, else `$DOMUS_STATE_DIR`, else
+/// `/var/lib/domus`.
+pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
+    arg.or_else(|| std::env::var_os("DOMUS_STATE_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/var/lib/domus"))
+}
+
+pub fn socket_path(state: &Path) -> PathBuf {
+    state.join("domusd.sock")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(#[from] domus_xlcfg::ConfigError),
+    #[error("a domain named '{0}' exists")]
+    NameInUse(String),
+    #[error("no domain '{0}'")]
+    NoSuchDomain(String),
+    #[error("not enough memory: the domain needs {need} MiB, {free} MiB of the host's {total} MiB are free ({used} MiB in domains, {reserve} MiB kept for the host)")]
+    NoMemory {
+        need: u64,
+        free: u64,
+        total: u64,
+        used: u64,
+        reserve: u64,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("domain {name}: {msg}")]
+    Start { name: String, msg: String },
+    #[error("domain {name} is {state}")]
+    WrongState { name: String, state: String },
+    #[error("state database: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// The HTTP status the API answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            Error::Config(_) | Error::Invalid(_) => 400,
+            Error::NoSuchDomain(_) => 404,
+            Error::NameInUse(_) | Error::NoMemory { .. } | Error::WrongState { .. } => 409,
+            _ => 500,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Host facts for admission control and `domus info`.
+pub fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib >> 10)
+}
+
+/// A process's start time (clock ticks after boot), to tell it from a
+/// later process with the same pid.
+pub fn start_time(pid: i64) -> Option<i64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// User + system CPU seconds of one thread or process stat file.
+pub fn cpu_seconds(stat: &str) -> Option<f64> {
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 / hz)
+}
+
+fn alive(pid: i64, start: Option<i64>) -> bool {
+    start.is_some() && start_time(pid) == start
+}
+
+/// What the daemon knows about a running domain beyond its row.
+struct Live {
+    child: Option<Child>,
+    restart_at: Option<Instant>,
+}
+
+pub struct Daemon {
+    pub state: PathBuf,
+    pub domus: PathBuf,
+    pub cgroup_base: Option<PathBuf>,
+    pub reserve_mib: u64,
+    db: Mutex<Db>,
+    live: Mutex<HashMap<i64, Live>>,
+    /// Serialises creates and destroys, so concurrent requests never see a
+    /// half-made domain.
+    lifecycle: Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn domain_dir(state: &Path, id: i64) -> PathBuf {
+    state.join("domains").join(id.to_string())
+}
+
+fn tap_name(id: i64, i: usize) -> String {
+    format!("dm{id}n{i}")
+}
+
+fn ip(args: &[&str]) -> std::io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+impl Daemon {
+    /// Opens the state and finds the domains a previous daemon left.
+    pub fn open(state: PathBuf, domus: PathBuf, reserve_mib: u64) -> Result<Arc<Self>> {
+        std::fs::create_dir_all(state.join("domains"))?;
+        let db = Db::open(&state.join("state.db"))?;
+        let base = cgroup::root();
+        let cgroup_base = base.join("cgroup.controllers").exists().then_some(base);
+        let d = Arc::new(Self {
+            state,
+            domus,
+            cgroup_base,
+            reserve_mib,
+            db: Mutex::new(db),
+            live: Mutex::new(HashMap::new()),
+            lifecycle: Mutex::new(()),
+        });
+        d.recover()?;
+        Ok(d)
+    }
+
+    pub fn log(&self, msg: &str) {
+        eprintln!("domusd: {msg}");
+        lock(&self.db).log(msg);
+    }
+
+    fn recover(&self) -> Result<()> {
+        let rows = lock(&self.db).all()?;
+        for r in rows {
+            match r.state.as_str() {
+                // A create the last daemon did not finish: undo it.
+                "creating" => {
+                    if let Some(pid) = r.pid {
+                        if alive(pid, r.start_time) {
+                            // SAFETY: kill(2) on a pid we started.
+                            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        }
+                    }
+                    self.cleanup(&r)?;
+                    self.log(&format!("removed half-created domain {}", r.name));
+                }
+                "running" if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
+                    lock(&self.live).insert(
+                        r.id,
+                        Live {
+                            child: None,
+                            restart_at: None,
+                        },
+                    );
+                    self.log(&format!("found domain {} (pid {:?})", r.name, r.pid));
+                }
+                "running" => {
+                    self.log(&format!("domain {} ended while no daemon ran", r.name));
+                    self.ended(&r, None)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn load(&self, r: &db::Row) -> Result<DomainConfig> {
+        let overrides: Vec<String> = serde_json::from_str(&r.overrides).unwrap_or_default();
+        let mut c = domus_xlcfg::load(&r.cfg_file, &r.cfg_text, &overrides)?.config;
+        let dir = Path::new(&r.cfg_dir);
+        let abs = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        };
+        abs(&mut c.kernel);
+        if let Some(r) = c.ramdisk.as_mut() {
+            abs(r);
+        }
+        for d in &mut c.disks {
+            abs(&mut d.path);
+        }
+        c.name = r.name.clone();
+        Ok(c)
+    }
+
+    /// Finds a domain by id or name.
+    pub fn find(&self, dom: &str) -> Result<db::Row> {
+        let db = lock(&self.db);
+        let rows = db.all()?;
+        rows.into_iter()
+            .find(|r| r.name == dom || dom.parse::<i64>().is_ok_and(|id| id == r.id))
+            .ok_or_else(|| Error::NoSuchDomain(dom.into()))
+    }
+
+    fn used_mib(&self, except: Option<i64>) -> Result<u64> {
+        Ok(lock(&self.db)
+            .all()?
+            .iter()
+            .filter(|r| Some(r.id) != except && r.state != "shutdown" && r.state != "crashed")
+            .map(|r| r.memory_mib as u64)
+            .sum())
+    }
+
+    fn admit(&self, need: u64, except: Option<i64>) -> Result<()> {
+        let total = host_memory_mib();
+        let used = self.used_mib(except)?;
+        let free = total.saturating_sub(self.reserve_mib).saturating_sub(used);
+        if need > free {
+            return Err(Error::NoMemory {
+                need,
+                free,
+                total,
+                used,
+                reserve: self.reserve_mib,
+            });
+        }
+        Ok(())
+    }
+
+    /// Creates and starts a domain from a configuration file's text.
+    pub fn create(
+        &self,
+        file: &str,
+        dir: &str,
+        text: &str,
+        overrides: &[String],
+    ) -> Result<(Value, Vec<String>)> {
+        let loaded = domus_xlcfg::load(file, text, overrides)?;
+        let c = &loaded.config;
+        let _guard = lock(&self.lifecycle);
+        if lock(&self.db).all()?.iter().any(|r| r.name == c.name) {
+            return Err(Error::NameInUse(c.name.clone()));
+        }
+        self.admit(c.memory_mib, None)?;
+        let row = db::Row {
+            id: 0,
+            name: c.name.clone(),
+            cfg_text: text.into(),
+            cfg_file: file.into(),
+            cfg_dir: dir.into(),
+            overrides: serde_json::to_string(overrides).unwrap_or_else(|_| "[]".into()),
+            pid: None,
+            start_time: None,
+            state: "creating".into(),
+            restarts: 0,
+            memory_mib: c.memory_mib as i64,
+        };
+        let id = lock(&self.db).insert(&row)?;
+        let row = db::Row { id, ..row };
+        match self.start(&row) {
+            Ok(()) => {
+                self.log(&format!("created domain {} (id {id})", c.name));
+                Ok((self.describe(&self.find(&id.to_string())?), loaded.warnings))
+            }
+            Err(e) => {
+                self.log(&format!("creating {} failed: {e}", c.name));
+                let r = lock(&self.db).get(id)?.unwrap_or(row);
+                if let Some(pid) = r.pid {
+                    // SAFETY: kill(2) on the VMM we started.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+                if let Some(mut l) = lock(&self.live).remove(&id) {
+                    if let Some(ch) = l.child.as_mut() {
+                        let _ = ch.kill();
+                        let _ = ch.wait();
+                    }
+                }
+                self.cleanup(&r)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the VMM of a domain whose row exists; waits until its API
+    /// answers.
+    fn start(&self, r: &db::Row) -> Result<()> {
+        let c = self.load(r)?;
+        let dir = domain_dir(&self.state, r.id);
+        std::fs::create_dir_all(&dir)?;
+        let api = dir.join("api.sock");
+        let mut cmd = Command::new(&self.domus);
+        cmd.arg("run")
+            .arg("--name")
+            .arg(&c.name)
+            .arg("--kernel")
+            .arg(&c.kernel)
+            .arg("--cmdline")
+            .arg(&c.cmdline)
+            .arg("--vcpus")
+            .arg(c.vcpus.to_string())
+            .arg("--memory")
+            .arg(format!("{}M", c.maxmem_mib))
+            .arg("--console")
+            .arg(format!("file:{}", dir.join("console.log").display()))
+            .arg("--api-socket")
+            .arg(&api)
+            .arg("--balloon");
+        if let Some(rd) = &c.ramdisk {
+            cmd.arg("--initrd").arg(rd);
+        }
+        for d in &c.disks {
+            cmd.arg("--disk").arg(format!(
+                "{}{}",
+                d.path.display(),
+                if d.read_only { ",ro" } else { "" }
+            ));
+        }
+        for (i, v) in c.vifs.iter().enumerate() {
+            let tap = tap_name(r.id, i);
+            ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+            if let Some(br) = &v.bridge {
+                ip(&["link", "set", &tap, "master", br])?;
+            }
+            ip(&["link", "set", &tap, "up"])?;
+            let mut spec = format!("tap={tap}");
+            if let Some(m) = &v.mac {
+                spec.push_str(&format!(",mac={m}"));
+            }
+            if let Some(rate) = v.rate {
+                spec.push_str(&format!(",bw={rate}"));
+            }
+            cmd.arg("--net").arg(spec);
+        }
+        let log = std::fs::File::create(dir.join("vmm.log"))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log));
+        let procs = match &self.cgroup_base {
+            Some(base) => {
+                let g = cgroup::create(
+                    base,
+                    &format!("{}-{}", r.id, c.name),
+                    &cgroup::Limits {
+                        weight: c.cpu_weight,
+                        cap: c.cap,
+                        cpus: c.cpus.clone(),
+                        maxmem_mib: c.maxmem_mib,
+                    },
+                )?;
+                Some(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(g.join("cgroup.procs"))?,
+                )
+            }
+            None => None,
+        };
+        let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes async-signal-safe calls (setsid, write) on memory and
+        // descriptors that exist before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::setsid();
+                if let Some(fd) = procs_fd {
+                    // "0": the writing process itself joins the group.
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        drop(procs);
+        let pid = i64::from(child.id());
+        let st = start_time(pid).unwrap_or(0);
+        lock(&self.db).set_running(r.id, pid, st)?;
+        // Wait for the API to answer (or the VMM to fail).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(dir.join("vmm.log")).unwrap_or_default();
+                return Err(Error::Start {
+                    name: c.name.clone(),
+                    msg: format!("domus run exited ({status}): {}", log.trim()),
+                });
+            }
+            if let Ok((200, _)) = domus_http::request(&api, "GET", "/v1/domain", None) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Start {
+                    name: c.name.clone(),
+                    msg: "its API did not answer within 15 s".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        lock(&self.live).insert(
+            r.id,
+            Live {
+                child: Some(child),
+                restart_at: None,
+            },
+        );
+        if c.memory_mib < c.maxmem_mib {
+            let body = json!({ "target_mib": c.memory_mib }).to_string();
+            let _ = domus_http::request(&api, "PUT", "/v1/balloon", Some(&body));
+        }
+        Ok(())
+    }
+
+    /// Removes everything of a domain: taps, cgroup, files, row.
+    fn cleanup(&self, r: &db::Row) -> Result<()> {
+        let c = self.load(r).ok();
+        for i in 0..c.as_ref().map_or(8, |c| c.vifs.len()) {
+            let _ = ip(&["link", "del", &tap_name(r.id, i)]);
+        }
+        if let Some(base) = &self.cgroup_base {
+            cgroup::remove(base, &format!("{}-{}", r.id, r.name));
+        }
+        let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
+        lock(&self.db).delete(r.id)?;
+        lock(&self.live).remove(&r.id);
+        Ok(())
+    }
+
+    /// Destroys a domain at once (xl destroy): kills its VMM, releases
+    /// everything.
+    pub fn destroy(&self, dom: &str) -> Result<()> {
+        let _guard = lock(&self.lifecycle);
+        let r = self.find(dom)?;
+        lock(&self.db).set_state(r.id, "destroying")?;
+        let child = lock(&self.live).remove(&r.id).and_then(|l| l.child);
+        if let Some(pid) = r.pid {
+            if alive(pid, r.start_time) {
+                // SAFETY: kill(2) on the domain's VMM.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            match child {
+                Some(mut ch) => {
+                    let _ = ch.wait();
+                }
+                None => {
+                    let end = Instant::now() + Duration::from_secs(5);
+                    while alive(pid, r.start_time) && Instant::now() < end {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        self.cleanup(&r)?;
+        self.log(&format!("destroyed domain {}", r.name));
+        Ok(())
+    }
+
+    fn api_sock(&self, r: &db::Row) -> PathBuf {
+        domain_dir(&self.state, r.id).join("api.sock")
+    }
+
+    /// Sends a request to a domain's own API.
+    pub fn domain_request(
+        &self,
+        dom: &str,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Value> {
+        let r = self.find(dom)?;
+        if r.state != "running" {
+            return Err(Error::WrongState {
+                name: r.name,
+                state: r.state,
+            });
+        }
+        let (status, text) = domus_http::request(&self.api_sock(&r), method, path, body)
+            .map_err(|e| Error::Invalid(format!("domain {}: API: {e}", r.name)))?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status >= 400 {
+            return Err(Error::Invalid(format!(
+                "domain {}: {}",
+                r.name,
+                v["error"].as_str().unwrap_or(&text)
+            )));
+        }
+        Ok(v)
+    }
+
+    pub fn mem_set(&self, dom: &str, mib: u64) -> Result<Value> {
+        let r = self.find(dom)?;
+        let c = self.load(&r)?;
+        if mib > c.maxmem_mib || mib < 64 {
+            return Err(Error::Invalid(format!(
+                "{mib} MiB is outside 64 MiB to maxmem ({} MiB)",
+                c.maxmem_mib
+            )));
+        }
+        if mib > r.memory_mib as u64 {
+            self.admit(mib, Some(r.id))?;
+        }
+        let v = self.domain_request(
+            dom,
+            "PUT",
+            "/v1/balloon",
+            Some(&json!({ "target_mib": mib }).to_string()),
+        )?;
+        lock(&self.db).set_memory(r.id, mib as i64)?;
+        Ok(v)
+    }
+
+    /// A domain as the API and `list` show it.
+    pub fn describe(&self, r: &db::Row) -> Value {
+        let c = self.load(r).ok();
+        let mut state = r.state.clone();
+        let (mut cpu, mut vcpu_time) = (0.0, 0.0);
+        let mut vcpu_tids = Vec::new();
+        if state == "running" {
+            if let Ok((200, t)) = domus_http::request(&self.api_sock(r), "GET", "/v1/domain", None)
+            {
+                let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+                if let Some(s) = v["state"].as_str() {
+                    state = s.to_string();
+                }
+                vcpu_tids = v["vcpu_tids"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_i64).collect())
+                    .unwrap_or_default();
+            }
+            if let Some(pid) = r.pid {
+                cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| cpu_seconds(&s))
+                    .unwrap_or(0.0);
+                vcpu_time = vcpu_tids
+                    .iter()
+                    .filter_map(|t| {
+                        std::fs::read_to_string(format!("/proc/{pid}/task/{t}/stat")).ok()
+                    })
+                    .filter_map(|s| cpu_seconds(&s))
+                    .sum();
+            }
+        }
+        json!({
+            "id": r.id,
+            "name": r.name,
+            "state": state,
+            "pid": r.pid,
+            "memory_mib": r.memory_mib,
+            "maxmem_mib": c.as_ref().map(|c| c.maxmem_mib),
+            "vcpus": c.as_ref().map(|c| c.vcpus),
+            "cpu_weight": c.as_ref().map(|c| c.cpu_weight),
+            "cap": c.as_ref().map(|c| c.cap),
+            "cpu_time_s": cpu,
+            "vcpu_time_s": vcpu_time,
+            "io_time_s": (cpu - vcpu_time).max(0.0),
+            "vcpu_tids": vcpu_tids,
+            "restarts": r.restarts,
+            "on_poweroff": c.as_ref().map(|c| c.on_poweroff.as_str()),
+            "on_reboot": c.as_ref().map(|c| c.on_reboot.as_str()),
+            "on_crash": c.as_ref().map(|c| c.on_crash.as_str()),
+        })
+    }
+
+    /// Domain-0 (the host) and every domain.
+    pub fn list(&self) -> Result<Vec<Value>> {
+        let host = host_memory_mib();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut out = vec![json!({
+            "id": 0,
+            "name": "Domain-0",
+            "state": "running",
+            "pid": std::process::id(),
+            "memory_mib": host.saturating_sub(self.used_mib(None)?),
+            "maxmem_mib": host,
+            "vcpus": cpus,
+        })];
+        let rows = lock(&self.db).all()?;
+        out.extend(rows.iter().map(|r| self.describe(r)));
+        Ok(out)
+    }
+
+    /// A domain's VMM ended with `code` (None: unknown); applies its
+    /// on_poweroff / on_reboot / on_crash action.
+    fn ended(&self, r: &db::Row, code: Option<i32>) -> Result<()> {
+        let c = self.load(r).ok();
+        let (why, act) = match code {
+            Some(0) => (
+                "powered off",
+                c.as_ref().map_or(Action::Destroy, |c| c.on_poweroff),
+            ),
+            Some(3) => (
+                "rebooted",
+                c.as_ref().map_or(Action::Destroy, |c| c.on_reboot),
+            ),
+            _ => (
+                "crashed",
+                c.as_ref().map_or(Action::Destroy, |c| c.on_crash),
+            ),
+        };
+        self.log(&format!(
+            "domain {} {why} ({:?}): {}",
+            r.name,
+            code,
+            act.as_str()
+        ));
+        match act {
+            Action::Destroy => self.cleanup(r),
+            Action::Preserve => {
+                lock(&self.db).set_state(
+                    r.id,
+                    if why == "crashed" {
+                        "crashed"
+                    } else {
+                        "shutdown"
+                    },
+                )?;
+                lock(&self.live).remove(&r.id);
+                Ok(())
+            }
+            Action::Restart => {
+                // Back off: 1 s per restart so far, at most 30 s.
+                let wait = Duration::from_secs((r.restarts as u64 + 1).min(30));
+                lock(&self.db).set_state(r.id, "restarting")?;
+                lock(&self.live).insert(
+                    r.id,
+                    Live {
+                        child: None,
+                        restart_at: Some(Instant::now() + wait),
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// One pass of the monitor: reaps ended VMMs and restarts domains
+    /// whose back-off is over.
+    pub fn monitor_once(&self) {
+        let _guard = lock(&self.lifecycle);
+        let rows = match lock(&self.db).all() {
+            Ok(r) => r,
+            Err(_) => return,
+        };
+        for r in rows {
+            let mut ended = None;
+            let mut restart = false;
+            {
+                let mut live = lock(&self.live);
+                match live.get_mut(&r.id) {
+                    Some(Live {
+                        child: Some(ch), ..
+                    }) if r.state == "running" => {
+                        if let Ok(Some(st)) = ch.try_wait() {
+                            ended = Some(st.code());
+                        }
+                    }
+                    Some(Live {
+                        restart_at: Some(t),
+                        ..
+                    }) if r.state == "restarting" => restart = Instant::now() >= *t,
+                    Some(_)
+                        if r.state == "running"
+                            && !r.pid.is_some_and(|p| alive(p, r.start_time)) =>
+                    {
+                        ended = Some(None);
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(code) = ended {
+                let _ = self.ended(&r, code);
+            }
+            if restart {
+                let _ = lock(&self.db).count_restart(r.id);
+                lock(&self.live).remove(&r.id);
+                match self.start(&r) {
+                    Ok(()) => self.log(&format!("restarted domain {}", r.name)),
+                    Err(e) => {
+                        self.log(&format!("restarting {} failed: {e}", r.name));
+                        let _ = lock(&self.db).set_state(r.id, "crashed");
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn dmesg(&self) -> Result<Vec<(f64, String)>> {
+        Ok(lock(&self.db).log_lines()?)
+    }
+
+    pub fn info(&self) -> Value {
+        let host = host_memory_mib();
+        let used = self.used_mib(None).unwrap_or(0);
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "state_dir": self.state.display().to_string(),
+            "host_memory_mib": host,
+            "host_reserve_mib": self.reserve_mib,
+            "domain_memory_mib": used,
+            "free_memory_mib": host.saturating_sub(self.reserve_mib).saturating_sub(used),
+            "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "cgroups": self.cgroup_base.is_some(),
+        })
+    }
+}
+
+/// Runs the daemon until it is killed: serves the API and monitors domains.
+pub fn run(state: PathBuf, reserve_mib: u64) -> Result<()> {
+    let domus = std::env::current_exe()?;
+    std::fs::create_dir_all(&state)?;
+    let listener = domus_http::bind(&socket_path(&state))
+        .map_err(|e| Error::Invalid(format!("{}: {e}", socket_path(&state).display())))?;
+    let d = Daemon::open(state, domus, reserve_mib)?;
+    d.log(&format!(
+        "started (state {}, cgroups {})",
+        d.state.display(),
+        if d.cgroup_base.is_some() {
+            "on"
+        } else {
+            "unavailable"
+        }
+    ));
+    let h = d.clone();
+    domus_http::spawn_server(
+        "domusd-api",
+        listener,
+        Arc::new(move |r| api::handle(&h, r)),
+    )?;
+    loop {
+        d.monitor_once();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields() {
+        let s = "123 (a b) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0 20 0 1 0 777 0 0";
+        assert_eq!(cpu_seconds(s).map(|v| (v * 100.0).round()), Some(400.0));
+        assert!(start_time(std::process::id().into()).is_some());
+        assert_eq!(start_time(-5), None);
+    }
+
+    #[test]
+    fn state_dir_precedence() {
+        assert_eq!(state_dir(Some("/x".into())), PathBuf::from("/x"));
+    }
+}
