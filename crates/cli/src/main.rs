@@ -67,6 +67,21 @@ enum Command {
     MemSet(xl::MemSetArgs),
     /// Host and daemon facts.
     Info(xl::InfoArgs),
+    /// Give a domain a new name.
+    Rename(xl::RenameArgs),
+    /// Each vCPU's thread, host CPU, time and affinity.
+    #[command(name = "vcpu-list")]
+    VcpuList(xl::VcpuListArgs),
+    /// Pin a vCPU (or all) to host CPUs.
+    #[command(name = "vcpu-pin")]
+    VcpuPin(xl::VcpuPinArgs),
+    /// Show or set a domain's weight and cap.
+    #[command(name = "sched-credit")]
+    SchedCredit(xl::SchedArgs),
+    /// Live CPU and memory use per domain, with the I/O threads' CPU apart.
+    Top(xl::TopArgs),
+    /// Follow a domain's console output.
+    Console(xl::ConsoleArgs),
     /// The daemon's log.
     Dmesg(xl::StateArg),
 }
@@ -274,6 +289,12 @@ fn main() -> ExitCode {
         Command::Unpause(a) => xl::simple("unpause", a),
         Command::MemSet(a) => xl::mem_set(a),
         Command::Info(a) => xl::info(a),
+        Command::Rename(a) => xl::rename(a),
+        Command::VcpuList(a) => xl::vcpu_list(a),
+        Command::VcpuPin(a) => xl::vcpu_pin(a),
+        Command::SchedCredit(a) => xl::sched_credit(a),
+        Command::Top(a) => xl::top(a),
+        Command::Console(a) => xl::console(a),
         Command::Dmesg(a) => xl::dmesg(a),
     }
 }

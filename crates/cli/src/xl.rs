@@ -233,3 +233,324 @@ pub fn dmesg(a: StateArg) -> ExitCode {
         Err(e) => fail(e),
     }
 }
+
+#[derive(clap::Args)]
+pub struct RenameArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    pub domain: String,
+    pub new_name: String,
+}
+
+pub fn rename(a: RenameArgs) -> ExitCode {
+    let body = json!({ "name": a.new_name }).to_string();
+    match call(
+        &a.state.socket(),
+        "PUT",
+        &format!("/v1/domains/{}/name", a.domain),
+        Some(&body),
+    ) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct VcpuListArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id (default: all domains).
+    pub domain: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn vcpu_list(a: VcpuListArgs) -> ExitCode {
+    let sock = a.state.socket();
+    let doms: Vec<String> = match &a.domain {
+        Some(d) => vec![d.clone()],
+        None => match call(&sock, "GET", "/v1/domains", None) {
+            Ok(v) => v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| d["id"] != 0)
+                .filter_map(|d| d["name"].as_str().map(str::to_string))
+                .collect(),
+            Err(e) => return fail(e),
+        },
+    };
+    let mut all = Vec::new();
+    for d in doms {
+        match call(&sock, "GET", &format!("/v1/domains/{d}/vcpus"), None) {
+            Ok(Value::Array(v)) => all.extend(v),
+            Ok(_) => {}
+            Err(e) => return fail(e),
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:<24} {:>4} {:>5} {:>7} {:>4} {:>9}  Affinity",
+        "Name", "ID", "VCPU", "TID", "CPU", "Time(s)"
+    );
+    for v in all {
+        println!(
+            "{:<24} {:>4} {:>5} {:>7} {:>4} {:>9.1}  {}",
+            v["name"].as_str().unwrap_or("?"),
+            v["id"],
+            v["vcpu"],
+            v["tid"],
+            v["cpu"],
+            v["cpu_time_s"].as_f64().unwrap_or(0.0),
+            v["affinity"].as_str().unwrap_or("?")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+#[derive(clap::Args)]
+pub struct VcpuPinArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    pub domain: String,
+    /// vCPU number, or all.
+    pub vcpu: String,
+    /// Host CPUs: a list like 0-3,6, or all.
+    pub cpus: String,
+}
+
+pub fn vcpu_pin(a: VcpuPinArgs) -> ExitCode {
+    let vcpu = match a.vcpu.as_str() {
+        "all" => json!("all"),
+        v => match v.parse::<u64>() {
+            Ok(n) => json!(n),
+            Err(_) => return fail(format!("'{v}' is not a vCPU number or all")),
+        },
+    };
+    let body = json!({ "vcpu": vcpu, "cpus": a.cpus }).to_string();
+    match call(
+        &a.state.socket(),
+        "PUT",
+        &format!("/v1/domains/{}/vcpu-pin", a.domain),
+        Some(&body),
+    ) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct SchedArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// The domain (default: list every domain's weight and cap).
+    #[arg(short = 'd', long = "domain")]
+    pub domain: Option<String>,
+    /// Weight, 1 to 65535 (default 256): CPU shares under contention.
+    #[arg(short = 'w', long)]
+    pub weight: Option<u32>,
+    /// Cap in percent of one CPU (0: none).
+    #[arg(short = 'c', long)]
+    pub cap: Option<u32>,
+}
+
+pub fn sched_credit(a: SchedArgs) -> ExitCode {
+    let sock = a.state.socket();
+    let show = |v: &Value| {
+        println!(
+            "{:<24} {:>4} {:>6} {:>4}",
+            v["name"].as_str().unwrap_or("?"),
+            v["id"],
+            v["weight"],
+            v["cap"]
+        )
+    };
+    match (&a.domain, a.weight, a.cap) {
+        (None, None, None) => {
+            let doms = match call(&sock, "GET", "/v1/domains", None) {
+                Ok(v) => v,
+                Err(e) => return fail(e),
+            };
+            println!("{:<24} {:>4} {:>6} {:>4}", "Name", "ID", "Weight", "Cap");
+            for d in doms
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| d["id"] != 0)
+            {
+                match call(
+                    &sock,
+                    "GET",
+                    &format!("/v1/domains/{}/sched", d["id"]),
+                    None,
+                ) {
+                    Ok(v) => show(&v),
+                    Err(e) => return fail(e),
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        (None, _, _) => fail("-w and -c need -d DOMAIN"),
+        (Some(d), w, c) => {
+            let (method, body) = if w.is_none() && c.is_none() {
+                ("GET", None)
+            } else {
+                ("PUT", Some(json!({"weight": w, "cap": c}).to_string()))
+            };
+            match call(
+                &sock,
+                method,
+                &format!("/v1/domains/{d}/sched"),
+                body.as_deref(),
+            ) {
+                Ok(v) => {
+                    println!("{:<24} {:>4} {:>6} {:>4}", "Name", "ID", "Weight", "Cap");
+                    show(&v);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// One sample (over --delay seconds), then exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print JSON (with --once).
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds between samples.
+    #[arg(short = 'd', long, default_value_t = 1.0)]
+    pub delay: f64,
+}
+
+/// One sample: each domain with CPU percentages over `delay`.
+fn top_sample(sock: &Path, delay: f64) -> Result<Vec<Value>, String> {
+    let a = call(sock, "GET", "/v1/domains", None)?;
+    let t0 = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs_f64(delay.max(0.1)));
+    let b = call(sock, "GET", "/v1/domains", None)?;
+    let dt = t0.elapsed().as_secs_f64();
+    let before = |id: &Value, k: &str| {
+        a.as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| &d["id"] == id)
+            .and_then(|d| d[k].as_f64())
+    };
+    Ok(b.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["id"] != 0)
+        .map(|d| {
+            let pct = |k: &str| match (before(&d["id"], k), d[k].as_f64()) {
+                (Some(x), Some(y)) => ((y - x) / dt * 100.0).max(0.0),
+                _ => 0.0,
+            };
+            json!({
+                "name": d["name"], "id": d["id"], "state": d["state"],
+                "cpu_s": d["cpu_time_s"], "cpu_pct": pct("cpu_time_s"),
+                "vcpu_pct": pct("vcpu_time_s"), "io_cpu_pct": pct("io_time_s"),
+                "memory_mib": d["memory_mib"], "maxmem_mib": d["maxmem_mib"], "vcpus": d["vcpus"],
+            })
+        })
+        .collect())
+}
+
+pub fn top(a: TopArgs) -> ExitCode {
+    let sock = a.state.socket();
+    loop {
+        let s = match top_sample(&sock, a.delay) {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        };
+        if a.once && a.json {
+            println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+            return ExitCode::SUCCESS;
+        }
+        if !a.once {
+            print!("\x1b[H\x1b[2J");
+        }
+        println!(
+            "{:<24} {:>10} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>5}",
+            "NAME",
+            "STATE",
+            "CPU(sec)",
+            "CPU(%)",
+            "VCPU(%)",
+            "IOCPU(%)",
+            "MEM(MiB)",
+            "MAXMEM",
+            "VCPUS"
+        );
+        for d in &s {
+            println!(
+                "{:<24} {:>10} {:>9.1} {:>7.1} {:>8.1} {:>8.1} {:>8} {:>8} {:>5}",
+                d["name"].as_str().unwrap_or("?"),
+                d["state"].as_str().unwrap_or("?"),
+                d["cpu_s"].as_f64().unwrap_or(0.0),
+                d["cpu_pct"].as_f64().unwrap_or(0.0),
+                d["vcpu_pct"].as_f64().unwrap_or(0.0),
+                d["io_cpu_pct"].as_f64().unwrap_or(0.0),
+                d["memory_mib"],
+                d["maxmem_mib"],
+                d["vcpus"]
+            );
+        }
+        if a.once {
+            return ExitCode::SUCCESS;
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    pub domain: String,
+}
+
+/// Follows a domain's console log until the domain goes away (read-only:
+/// the console of a daemon-managed domain goes to a file).
+pub fn console(a: ConsoleArgs) -> ExitCode {
+    let sock = a.state.socket();
+    let d = match call(&sock, "GET", &format!("/v1/domains/{}", a.domain), None) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let state = domus_daemon::state_dir(a.state.state_dir.clone());
+    let path = state
+        .join("domains")
+        .join(d["id"].to_string())
+        .join("console.log");
+    let mut f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) => return fail(format!("{}: {e}", path.display())),
+    };
+    let mut buf = [0u8; 4096];
+    loop {
+        use std::io::{Read, Write};
+        match f.read(&mut buf) {
+            Ok(0) => {
+                if call(&sock, "GET", &format!("/v1/domains/{}", d["id"]), None).is_err() {
+                    return ExitCode::SUCCESS;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Ok(n) => {
+                let _ = std::io::stdout().write_all(&buf[..n]);
+                let _ = std::io::stdout().flush();
+            }
+            Err(e) => return fail(e),
+        }
+    }
+}

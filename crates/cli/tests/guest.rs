@@ -1144,6 +1144,61 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "4G"]);
     assert!(!ok && err.contains("maxmem"), "{err}");
 
+    // Scheduling: weight and cap land in the domain's cgroup; pinning shows
+    // in vcpu-list; top and /metrics account the vCPU and I/O threads apart.
+    let (ok, _, err) = domus_cli(
+        &state,
+        &["sched-credit", "-d", "dom-c", "-w", "512", "-c", "25"],
+    );
+    assert!(ok, "{err}");
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus/3-dom-c");
+    if cg.exists() {
+        assert_eq!(
+            std::fs::read_to_string(cg.join("cpu.weight"))
+                .unwrap()
+                .trim(),
+            "512"
+        );
+        assert_eq!(
+            std::fs::read_to_string(cg.join("cpu.max")).unwrap().trim(),
+            "25000 100000"
+        );
+    }
+    let (ok, _, err) = domus_cli(&state, &["sched-credit", "-d", "dom-c", "-w", "70000"]);
+    assert!(!ok && err.contains("weight"), "{err}");
+    assert!(domus_cli(&state, &["vcpu-pin", "dom-c", "0", "0"]).0);
+    let (ok, out, err) = domus_cli(&state, &["vcpu-list", "dom-c", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["affinity"], "0", "{v}");
+    let (ok, _, err) = domus_cli(&state, &["vcpu-pin", "dom-c", "0", "99"]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    let (ok, out, err) = domus_cli(&state, &["top", "--once", "--json"]);
+    assert!(ok, "{err}");
+    let top: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = top
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "dom-a")
+        .unwrap();
+    assert!(
+        a["vcpu_pct"].as_f64().unwrap() > 5.0,
+        "a spinning domain: {a}"
+    );
+    let (s, m) = domus_http::request(&state.join("domusd.sock"), "GET", "/metrics", None).unwrap();
+    assert_eq!(s, 200);
+    for n in names {
+        assert!(
+            m.contains(&format!("domus_domain_vcpu_seconds_total{{domain=\"{n}\"")),
+            "{m}"
+        );
+    }
+    let (ok, _, err) = domus_cli(&state, &["rename", "dom-c", "dom-b"]);
+    assert!(!ok && err.contains("exists"), "{err}");
+    assert!(domus_cli(&state, &["rename", "dom-c", "dom-z"]).0);
+    let names = ["dom-a", "dom-b", "dom-z"];
+
     // Destroy releases everything.
     for n in names {
         let (ok, _, err) = domus_cli(&state, &["destroy", n]);

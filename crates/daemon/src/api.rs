@@ -19,6 +19,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/pause"),
     ("PUT", "/v1/domains/{dom}/unpause"),
     ("PUT", "/v1/domains/{dom}/memory"),
+    ("PUT", "/v1/domains/{dom}/name"),
+    ("GET", "/v1/domains/{dom}/vcpus"),
+    ("PUT", "/v1/domains/{dom}/vcpu-pin"),
+    ("GET", "/v1/domains/{dom}/sched"),
+    ("PUT", "/v1/domains/{dom}/sched"),
+    ("GET", "/metrics"),
 ];
 
 fn ok(v: Value) -> Response {
@@ -141,6 +147,58 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .ok_or_else(|| Response::error(400, "'target_mib' must be a whole number"))?;
             d.mem_set(dom, t).map(ok).map_err(|e| err(&e))
         }),
+        (_, "/v1/domains/{dom}/name") => body(req, &["name"]).and_then(|m| {
+            let n = m
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Response::error(400, "'name' must be a string"))?;
+            d.rename(dom, n)
+                .and_then(|()| d.find(n))
+                .map(|r| ok(d.describe(&r)))
+                .map_err(|e| err(&e))
+        }),
+        (_, "/v1/domains/{dom}/vcpus") => d
+            .vcpus(dom)
+            .map(|v| ok(Value::Array(v)))
+            .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/vcpu-pin") => body(req, &["vcpu", "cpus"]).and_then(|m| {
+            let vcpu = match m.get("vcpu") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) if s == "all" => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    Response::error(400, "'vcpu' must be a vCPU number or \"all\"")
+                })? as usize),
+            };
+            let cpus = m
+                .get("cpus")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Response::error(400, "'cpus' must be a CPU list like \"0-3\""))?;
+            d.pin(dom, vcpu, cpus)
+                .and_then(|()| d.vcpus(dom))
+                .map(|v| ok(Value::Array(v)))
+                .map_err(|e| err(&e))
+        }),
+        ("GET", "/v1/domains/{dom}/sched") => d.sched(dom, None, None).map(ok).map_err(|e| err(&e)),
+        ("PUT", "/v1/domains/{dom}/sched") => body(req, &["weight", "cap"]).and_then(|m| {
+            let num = |k: &str| -> Result<Option<u32>, Response> {
+                match m.get(k) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(v) => v
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .map(Some)
+                        .ok_or_else(|| {
+                            Response::error(400, &format!("'{k}' must be a whole number"))
+                        }),
+                }
+            };
+            let (w, c) = (num("weight")?, num("cap")?);
+            d.sched(dom, w, c).map(ok).map_err(|e| err(&e))
+        }),
+        (_, "/metrics") => d
+            .metrics()
+            .map(|t| Response::text(200, t))
+            .map_err(|e| err(&e)),
         _ => Err(Response::error(500, "route without a handler")),
     };
     r.unwrap_or_else(|e| e)

@@ -21,9 +21,11 @@ pub fn group(base: &Path, name: &str) -> PathBuf {
 }
 
 /// Xen's credit weight (1..=65535, default 256) as cgroup v2's cpu.weight
-/// (1..=10000, default 100), proportionally.
+/// (1..=10000): the same number, so ratios between domains hold exactly
+/// (weights above 10000 are cut to it). Domains compete among themselves
+/// inside the `domus` group.
 pub fn cpu_weight(xen: u32) -> u32 {
-    ((u64::from(xen) * 100 / 256) as u32).clamp(1, 10_000)
+    xen.clamp(1, 10_000)
 }
 
 /// cpu.max for a cap in percent of one CPU (0: no cap).
@@ -98,9 +100,10 @@ mod tests {
 
     #[test]
     fn weights_and_caps_map_onto_cgroup_values() {
-        assert_eq!(cpu_weight(256), 100);
-        assert_eq!(cpu_weight(512), 200);
+        assert_eq!(cpu_weight(256), 256);
         assert_eq!(cpu_weight(1), 1);
+        assert_eq!(cpu_weight(4), 4);
+        assert_eq!(cpu_weight(0), 1);
         assert_eq!(cpu_weight(65535), 10_000);
         assert_eq!(cpu_max(0), "max 100000");
         assert_eq!(cpu_max(25), "25000 100000");
@@ -119,7 +122,7 @@ mod tests {
         };
         let g = create(&base, "web", &l).unwrap();
         let read = |f: &str| std::fs::read_to_string(g.join(f)).unwrap();
-        assert_eq!(read("cpu.weight"), "200");
+        assert_eq!(read("cpu.weight"), "512");
         assert_eq!(read("cpu.max"), "25000 100000");
         assert_eq!(read("cpuset.cpus"), "0-1");
         assert_eq!(read("memory.max"), (320u64 << 20).to_string());

@@ -137,6 +137,14 @@ impl Db {
         Ok(())
     }
 
+    pub fn set_overrides(&self, id: i64, overrides: &str) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET overrides = ?2 WHERE id = ?1",
+            params![id, overrides],
+        )?;
+        Ok(())
+    }
+
     pub fn rename(&self, id: i64, name: &str) -> rusqlite::Result<()> {
         self.conn.execute(
             "UPDATE domains SET name = ?2 WHERE id = ?1",

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use domus_xlcfg::{Action, DomainConfig};
 use serde_json::{json, Value};
 
-pub use db::Db;
+pub use db::{Db, Row};
 
 /// The state directory: `--state-dir`, else `$DOMUS_STATE_DIR`, else
 /// `/var/lib/domus`.
@@ -106,6 +106,79 @@ pub fn cpu_seconds(stat: &str) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some(ticks as f64 / hz)
+}
+
+/// The VMM's resident memory.
+pub fn rss_bytes(pid: i64) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib << 10)
+}
+
+/// A thread's CPU affinity.
+pub fn affinity(tid: i64) -> Option<Vec<u32>> {
+    // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the pointer and size describe `set`.
+    let r = unsafe {
+        libc::sched_getaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads the set for in-range indices.
+    Some(
+        (0..libc::CPU_SETSIZE as u32)
+            .filter(|c| unsafe { libc::CPU_ISSET(*c as usize, &set) })
+            .collect(),
+    )
+}
+
+fn set_affinity(tid: i64, cpus: &[u32]) -> Result<()> {
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for c in cpus {
+        // SAFETY: CPU_SET writes in-range indices (checked by the caller
+        // against the host's CPUs, far below CPU_SETSIZE).
+        unsafe { libc::CPU_SET(*c as usize, &mut set) };
+    }
+    // SAFETY: the pointer and size describe `set`.
+    let r = unsafe {
+        libc::sched_setaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        return Err(Error::Invalid(format!(
+            "pinning thread {tid}: {} (outside the domain's cpus?)",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// "0-2,5" for [0, 1, 2, 5].
+pub fn cpulist(cpus: &[u32]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 fn alive(pid: i64, start: Option<i64>) -> bool {
@@ -551,6 +624,210 @@ impl Daemon {
         Ok(v)
     }
 
+    /// Adds `key=value` to a domain's stored overrides (replacing an
+    /// earlier one for the key), so the change outlives restarts.
+    fn remember(&self, r: &db::Row, key: &str, value: &str) -> Result<()> {
+        let mut o: Vec<String> = serde_json::from_str(&r.overrides).unwrap_or_default();
+        o.retain(|x| x.split('=').next() != Some(key));
+        o.push(format!("{key}={value}"));
+        lock(&self.db).set_overrides(r.id, &serde_json::to_string(&o).unwrap_or_default())?;
+        Ok(())
+    }
+
+    fn cgroup_path(&self, r: &db::Row) -> Option<PathBuf> {
+        self.cgroup_base
+            .as_ref()
+            .map(|b| cgroup::group(b, &format!("{}-{}", r.id, r.name)))
+    }
+
+    /// sched-credit: changes a domain's weight and/or cap (enforced through
+    /// its cgroup at once, kept for restarts).
+    pub fn sched(&self, dom: &str, weight: Option<u32>, cap: Option<u32>) -> Result<Value> {
+        let r = self.find(dom)?;
+        if let Some(w) = weight {
+            if !(1..=65535).contains(&w) {
+                return Err(Error::Invalid(format!("weight {w} is not 1 to 65535")));
+            }
+        }
+        if let Some(c) = cap {
+            if c > 25_500 {
+                return Err(Error::Invalid(format!(
+                    "cap {c} is more than 255 CPUs (25500)"
+                )));
+            }
+        }
+        let mut c = self.load(&r)?;
+        if let Some(w) = weight {
+            c.cpu_weight = w;
+        }
+        if let Some(cp) = cap {
+            c.cap = cp;
+        }
+        if let Some(g) = self.cgroup_path(&r) {
+            cgroup::update(
+                &g,
+                &cgroup::Limits {
+                    weight: c.cpu_weight,
+                    cap: c.cap,
+                    cpus: c.cpus.clone(),
+                    maxmem_mib: c.maxmem_mib,
+                },
+            )?;
+        }
+        if let Some(w) = weight {
+            self.remember(&r, "cpu_weight", &w.to_string())?;
+        }
+        if let Some(cp) = cap {
+            self.remember(&r, "cap", &cp.to_string())?;
+        }
+        Ok(json!({"id": r.id, "name": r.name, "weight": c.cpu_weight, "cap": c.cap}))
+    }
+
+    /// vcpu-list: each vCPU's thread, CPU time and affinity.
+    pub fn vcpus(&self, dom: &str) -> Result<Vec<Value>> {
+        let r = self.find(dom)?;
+        let d = self.describe(&r);
+        let pid = r.pid.unwrap_or(0);
+        Ok(d["vcpu_tids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, t)| {
+                let tid = t.as_i64().unwrap_or(0);
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                    .unwrap_or_default();
+                json!({
+                    "name": r.name, "id": r.id, "vcpu": i, "tid": tid,
+                    "cpu": stat.rsplit(')').next().and_then(|x| x.split(' ').nth(37)).and_then(|x| x.parse::<i64>().ok()),
+                    "cpu_time_s": cpu_seconds(&stat),
+                    "affinity": affinity(tid).map(|c| cpulist(&c)),
+                })
+            })
+            .collect())
+    }
+
+    /// vcpu-pin: pins vCPU `vcpu` (or all with None) to `cpus`.
+    pub fn pin(&self, dom: &str, vcpu: Option<usize>, cpus: &str) -> Result<()> {
+        let list = domus_xlcfg::parse_cpulist(cpus).map_err(Error::Invalid)?;
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let list: Vec<u32> = if list.is_empty() {
+            (0..n).collect()
+        } else {
+            list
+        };
+        if let Some(bad) = list.iter().find(|c| **c >= n) {
+            return Err(Error::Invalid(format!(
+                "CPU {bad} does not exist (the host has {n})"
+            )));
+        }
+        let r = self.find(dom)?;
+        let tids: Vec<i64> = self.describe(&r)["vcpu_tids"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default();
+        let chosen: Vec<i64> = match vcpu {
+            Some(i) => vec![*tids.get(i).ok_or_else(|| {
+                Error::Invalid(format!("domain {} has {} vCPUs", r.name, tids.len()))
+            })?],
+            None => tids,
+        };
+        for tid in chosen {
+            set_affinity(tid, &list)?;
+        }
+        Ok(())
+    }
+
+    /// rename: a new unique name.
+    pub fn rename(&self, dom: &str, new: &str) -> Result<()> {
+        let _guard = lock(&self.lifecycle);
+        let r = self.find(dom)?;
+        domus_xlcfg::load("name", &format!("name = '{new}'\nkernel = '/'"), &[])?;
+        if lock(&self.db).all()?.iter().any(|x| x.name == new) {
+            return Err(Error::NameInUse(new.into()));
+        }
+        if let Some(old) = self.cgroup_path(&r) {
+            if old.exists() {
+                let to = old.with_file_name(format!("{}-{new}", r.id));
+                std::fs::rename(&old, &to)?;
+            }
+        }
+        lock(&self.db).rename(r.id, new)?;
+        self.remember(
+            &Row {
+                name: new.into(),
+                ..r.clone()
+            },
+            "name",
+            new,
+        )?;
+        self.log(&format!("renamed domain {} to {new}", r.name));
+        Ok(())
+    }
+
+    /// Accounting in Prometheus' text format.
+    pub fn metrics(&self) -> Result<String> {
+        let mut out = String::new();
+        let help = [
+            (
+                "domus_domain_cpu_seconds_total",
+                "counter",
+                "CPU time of the domain's VMM process",
+            ),
+            (
+                "domus_domain_vcpu_seconds_total",
+                "counter",
+                "CPU time of the domain's vCPU threads",
+            ),
+            (
+                "domus_domain_io_cpu_seconds_total",
+                "counter",
+                "CPU time of the domain's device and I/O threads",
+            ),
+            (
+                "domus_domain_memory_bytes",
+                "gauge",
+                "memory the domain's guest keeps (balloon target)",
+            ),
+            (
+                "domus_domain_rss_bytes",
+                "gauge",
+                "resident memory of the domain's VMM",
+            ),
+            (
+                "domus_domain_running",
+                "gauge",
+                "1 if the domain is running (not paused)",
+            ),
+        ];
+        let rows = lock(&self.db).all()?;
+        let ds: Vec<(db::Row, Value)> = rows
+            .into_iter()
+            .map(|r| {
+                let d = self.describe(&r);
+                (r, d)
+            })
+            .collect();
+        for (name, kind, text) in help {
+            out.push_str(&format!("# HELP {name} {text}\n# TYPE {name} {kind}\n"));
+            for (r, d) in &ds {
+                let v = match name {
+                    "domus_domain_cpu_seconds_total" => d["cpu_time_s"].as_f64().unwrap_or(0.0),
+                    "domus_domain_vcpu_seconds_total" => d["vcpu_time_s"].as_f64().unwrap_or(0.0),
+                    "domus_domain_io_cpu_seconds_total" => d["io_time_s"].as_f64().unwrap_or(0.0),
+                    "domus_domain_memory_bytes" => (r.memory_mib << 20) as f64,
+                    "domus_domain_rss_bytes" => r.pid.and_then(rss_bytes).unwrap_or(0) as f64,
+                    _ => f64::from(u8::from(d["state"] == "running")),
+                };
+                out.push_str(&format!(
+                    "{name}{{domain=\"{}\",id=\"{}\"}} {v}\n",
+                    r.name, r.id
+                ));
+            }
+        }
+        Ok(out)
+    }
+
     /// A domain as the API and `list` show it.
     pub fn describe(&self, r: &db::Row) -> Value {
         let c = self.load(r).ok();
@@ -785,6 +1062,13 @@ mod tests {
         assert_eq!(cpu_seconds(s).map(|v| (v * 100.0).round()), Some(400.0));
         assert!(start_time(std::process::id().into()).is_some());
         assert_eq!(start_time(-5), None);
+    }
+
+    #[test]
+    fn cpu_lists_print_as_ranges() {
+        assert_eq!(cpulist(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(cpulist(&[]), "");
+        assert!(affinity(0).is_some_and(|a| !a.is_empty()));
     }
 
     #[test]
