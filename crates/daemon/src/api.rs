@@ -35,36 +35,9 @@ fn err(e: &Error) -> Response {
     Response::error(e.status(), &e.to_string())
 }
 
-/// Finds the route (index, `{dom}`), or the 404/405 answer.
+/// Finds the route for `method` and `path` in [`ROUTES`].
 pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>), Response> {
-    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let mut known = false;
-    for (i, (m, tpl)) in ROUTES.iter().enumerate() {
-        let t: Vec<&str> = tpl.split('/').collect();
-        if t.len() != segs.len() {
-            continue;
-        }
-        let mut arg = None;
-        let hit = t.iter().zip(&segs).all(|(t, s)| {
-            if *t == "{dom}" {
-                arg = Some(*s);
-                !s.is_empty()
-            } else {
-                t == s
-            }
-        });
-        if hit {
-            known = true;
-            if *m == method {
-                return Ok((i, arg));
-            }
-        }
-    }
-    Err(if known {
-        Response::error(405, &format!("{method} is not allowed on {path}"))
-    } else {
-        Response::error(404, &format!("no such resource: {path}"))
-    })
+    domus_http::route(ROUTES, method, path)
 }
 
 fn body(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Response> {

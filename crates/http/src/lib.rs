@@ -259,6 +259,46 @@ pub fn serve_connection(stream: UnixStream, handler: &dyn Fn(&Request) -> Respon
     let _ = write_response(&mut w, &resp);
 }
 
+/// Finds `method path` in a route table of (method, template) pairs, where
+/// a template segment in braces (`{id}`) matches any one non-empty segment.
+/// Returns the route's index and the value of its braced segment, or the
+/// answer to give: 404 for an unknown path, 405 for a known path with
+/// another method.
+pub fn route<'a>(
+    routes: &[(&str, &str)],
+    method: &str,
+    path: &'a str,
+) -> Result<(usize, Option<&'a str>), Response> {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let mut known = false;
+    for (i, (m, tpl)) in routes.iter().enumerate() {
+        let t: Vec<&str> = tpl.split('/').collect();
+        if t.len() != segs.len() {
+            continue;
+        }
+        let mut arg = None;
+        let hit = t.iter().zip(&segs).all(|(t, s)| {
+            if t.starts_with('{') {
+                arg = Some(*s);
+                !s.is_empty()
+            } else {
+                t == s
+            }
+        });
+        if hit {
+            known = true;
+            if *m == method {
+                return Ok((i, arg));
+            }
+        }
+    }
+    Err(if known {
+        Response::error(405, &format!("{method} is not allowed on {path}"))
+    } else {
+        Response::error(404, &format!("no such resource: {path}"))
+    })
+}
+
 /// Binds `path` (replacing a stale socket file, refusing anything else that
 /// is in the way) with mode 0600.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
@@ -413,6 +453,21 @@ mod tests {
             parse(body.as_bytes()),
             Err(HttpError::BodyTooLong)
         ));
+    }
+
+    #[test]
+    fn routes_match_templates() {
+        let r = [
+            ("GET", "/v1/x"),
+            ("GET", "/v1/x/{id}"),
+            ("PUT", "/v1/x/{id}/go"),
+        ];
+        assert_eq!(route(&r, "GET", "/v1/x/").unwrap(), (0, None));
+        assert_eq!(route(&r, "GET", "/v1/x/7").unwrap(), (1, Some("7")));
+        assert_eq!(route(&r, "PUT", "/v1/x/a/go").unwrap(), (2, Some("a")));
+        assert_eq!(route(&r, "PUT", "/v1/x").unwrap_err().status, 405);
+        assert_eq!(route(&r, "GET", "/v1/y").unwrap_err().status, 404);
+        assert_eq!(route(&r, "GET", "/v1/x//go").unwrap_err().status, 404);
     }
 
     #[test]

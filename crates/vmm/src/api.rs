@@ -64,38 +64,9 @@ fn ok(v: Value) -> Response {
     Response::json(200, v.to_string())
 }
 
-/// Finds the route for `method` and `path`: Ok((index, `{id}` value)), or
-/// the error response (404 for an unknown path, 405 for a known path with
-/// another method).
+/// Finds the route for `method` and `path` in [`ROUTES`].
 pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>), Response> {
-    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let mut path_known = false;
-    for (i, (m, tpl)) in ROUTES.iter().enumerate() {
-        let t: Vec<&str> = tpl.split('/').collect();
-        if t.len() != segs.len() {
-            continue;
-        }
-        let mut id = None;
-        let matched = t.iter().zip(&segs).all(|(t, s)| {
-            if *t == "{id}" {
-                id = Some(*s);
-                !s.is_empty()
-            } else {
-                t == s
-            }
-        });
-        if matched {
-            path_known = true;
-            if *m == method {
-                return Ok((i, id));
-            }
-        }
-    }
-    Err(if path_known {
-        Response::error(405, &format!("{method} is not allowed on {path}"))
-    } else {
-        Response::error(404, &format!("no such resource: {path}"))
-    })
+    domus_http::route(ROUTES, method, path)
 }
 
 /// Parses a JSON object body whose keys must all be in `allowed`.
