@@ -1054,13 +1054,25 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let state = dir.join("state");
     let k = kit();
     let mut daemon = start_daemon(&state);
-    let names = ["dom-a", "dom-b", "dom-c"];
+    let tag = std::process::id() % 100_000;
+    let br = format!("ddb{tag}");
+    let _bridge = Bridge::new(&br, "10.80.0.1/24", &[]);
+    // Eight domains, each with an interface on the bridge; dom-a spins (for
+    // the pause check), the others idle.
+    let names = [
+        "dom-a", "dom-b", "dom-c", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
+    ];
     for n in names {
+        let cmd = if n == "dom-a" {
+            "while :; do :; done"
+        } else {
+            "while :; do sleep 1; done"
+        };
         let cfg = dir.join(format!("{n}.cfg"));
         std::fs::write(
             &cfg,
             format!(
-                "name = '{n}'\nmemory = 256\nvcpus = 1\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 -- while :; do :; done'\non_crash = 'destroy'\n",
+                "name = '{n}'\nmemory = 192\nmaxmem = 256\nvcpus = 1\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 -- {cmd}'\nvif = ['bridge={br}']\non_crash = 'destroy'\n",
                 k.kernel.display(),
                 k.initrd.display()
             ),
@@ -1097,7 +1109,7 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
             .clone()
     };
     let l = list(&state);
-    assert_eq!(l.len(), 4, "{l:?}");
+    assert_eq!(l.len(), 9, "{l:?}");
     assert_eq!(l[0]["name"], "Domain-0");
     for (d, n) in l[1..].iter().zip(names) {
         assert_eq!(
@@ -1139,7 +1151,7 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     assert!(l[1..].iter().all(|d| d["state"] == "running"), "{l:?}");
 
     // mem-set moves the balloon.
-    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "192M"]);
+    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "160M"]);
     assert!(ok, "{err}");
     let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "4G"]);
     assert!(!ok && err.contains("maxmem"), "{err}");
@@ -1197,7 +1209,19 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let (ok, _, err) = domus_cli(&state, &["rename", "dom-c", "dom-b"]);
     assert!(!ok && err.contains("exists"), "{err}");
     assert!(domus_cli(&state, &["rename", "dom-c", "dom-z"]).0);
-    let names = ["dom-a", "dom-b", "dom-z"];
+    let names = [
+        "dom-a", "dom-b", "dom-z", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
+    ];
+    let info = |state: &std::path::Path| -> serde_json::Value {
+        let (ok, out, err) = domus_cli(state, &["info", "--json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    assert_eq!(
+        info(&state)["domain_memory_mib"],
+        7 * 192 + 160,
+        "mem-set dom-b to 160"
+    );
 
     // Destroy releases everything.
     for n in names {

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""bench/control: the control daemon under load.
+
+Inside one host (the nested KVM host on the development machines), with a
+fresh `domus daemon` and state directory per size N in SIZES:
+
+  * create rate: N domains created by N concurrent clients through the
+    daemon's API (each a 64 MiB kit guest that idles); domains per second
+    from the first request to the last domain answering on its own API;
+  * API latency: while that runs, one client sends GET /v1/info back to
+    back; p50 and p99;
+  * daemon memory per domain: the daemon's RSS with N domains, minus its
+    RSS with none, divided by N;
+  * accounting overhead: with N domains, a client lists every domain with
+    its CPU accounting once a second (what `domus top` does) for SAMPLE_S
+    seconds; the daemon's CPU time over that time, in percent of one CPU.
+
+Run with tools/bench-control; writes results.json and results.md here.
+"""
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DOMUS = os.path.join(REPO, "target/release/domus")
+SIZES = [int(x) for x in os.environ.get("SIZES", "1,8,32,64").split(",")]
+SAMPLE_S = float(os.environ.get("SAMPLE_S", "20"))
+
+
+def say(msg):
+    print(f"bench/control: {msg}", file=sys.stderr, flush=True)
+
+
+def request(sock_path, method, path, body=None):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(120)
+    s.connect(sock_path)
+    data = body.encode() if body else b""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    s.sendall(head.encode() + b"\r\n" + data)
+    out = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        out += b
+    s.close()
+    head, _, rest = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest.decode()
+
+
+def kit():
+    out = subprocess.run([DOMUS, "kit", "--print"], check=True, capture_output=True,
+                         text=True).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def proc_cpu_s(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        s = f.read()
+    fields = s[s.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def one_size(n, k):
+    state = tempfile.mkdtemp(prefix="domus-bench-control-")
+    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--host-reserve", "256"],
+                              stderr=subprocess.DEVNULL)
+    sock = os.path.join(state, "domusd.sock")
+    for _ in range(500):
+        if os.path.exists(sock):
+            try:
+                if request(sock, "GET", "/v1/info")[0] == 200:
+                    break
+            except OSError:
+                pass
+        time.sleep(0.02)
+    time.sleep(0.5)
+    rss0 = proc_rss_kib(daemon.pid)
+    cfg = ("name = '{name}'\nmemory = 64\nkernel = '" + k["kernel"] + "'\nramdisk = '" +
+           k["initrd"] + "'\nextra = 'console=ttyS0 quiet panic=-1 -- while :; do sleep 5; done'\n")
+
+    latencies, stop = [], threading.Event()
+
+    def pinger():
+        while not stop.is_set():
+            t = time.perf_counter()
+            request(sock, "GET", "/v1/info")
+            latencies.append((time.perf_counter() - t) * 1000)
+
+    def create(i):
+        body = json.dumps({"config": cfg.format(name=f"b{i}"), "file": f"b{i}.cfg"})
+        status, text = request(sock, "POST", "/v1/domains", body)
+        if status != 201:
+            raise RuntimeError(f"create b{i}: {status} {text}")
+
+    p = threading.Thread(target=pinger)
+    p.start()
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as ex:
+        list(ex.map(create, range(n)))
+    create_s = time.perf_counter() - t0
+    stop.set()
+    p.join()
+    time.sleep(2)
+    rss_n = proc_rss_kib(daemon.pid)
+
+    # Accounting: list with CPU accounting once a second, as `domus top` does.
+    c0, t1 = proc_cpu_s(daemon.pid), time.perf_counter()
+    while time.perf_counter() - t1 < SAMPLE_S:
+        status, _ = request(sock, "GET", "/v1/domains")
+        assert status == 200
+        time.sleep(1)
+    acct_pct = (proc_cpu_s(daemon.pid) - c0) / (time.perf_counter() - t1) * 100
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as ex:
+        list(ex.map(lambda i: request(sock, "DELETE", f"/v1/domains/b{i}"), range(n)))
+    daemon.kill()
+    daemon.wait()
+    shutil.rmtree(state, ignore_errors=True)
+    lat = sorted(latencies)
+    return {
+        "domains": n,
+        "create_s": create_s,
+        "domains_per_s": n / create_s,
+        "api_requests": len(lat),
+        "api_p50_ms": statistics.median(lat) if lat else None,
+        "api_p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+        "daemon_rss_kib_idle": rss0,
+        "daemon_rss_kib": rss_n,
+        "daemon_kib_per_domain": (rss_n - rss0) / n,
+        "accounting_cpu_pct": acct_pct,
+    }
+
+
+def main():
+    k = kit()
+    rows = []
+    for n in SIZES:
+        say(f"{n} domains")
+        rows.append(one_size(n, k))
+        say(json.dumps(rows[-1]))
+    doc = {
+        "benchmark": "bench/control",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "tools/bench-control",
+        "machine": {"host": platform.node(), "kernel": platform.release(),
+                    "cpus": os.cpu_count(),
+                    "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"},
+        "config": {"sizes": SIZES, "guest_memory_mib": 64, "accounting_sample_s": SAMPLE_S},
+        "results": rows,
+    }
+    with open(os.path.join(HERE, "results.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    lines = [
+        "# bench/control results",
+        "",
+        f"{doc['date']}, nested KVM host ({os.cpu_count()} CPUs, kernel {platform.release()}), "
+        f"command `tools/bench-control`. Guests: the kit kernel, 64 MiB, idle.",
+        "",
+        "| domains | create (s) | domains/s | API p50 (ms) | API p99 (ms) | daemon KiB/domain | accounting CPU (%) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['domains']} | {r['create_s']:.2f} | {r['domains_per_s']:.1f} | "
+                     f"{r['api_p50_ms']:.2f} | {r['api_p99_ms']:.2f} | "
+                     f"{r['daemon_kib_per_domain']:.0f} | {r['accounting_cpu_pct']:.1f} |")
+    lines += [
+        "",
+        "Create is measured from the first request to the last domain's VMM answering on its "
+        "own API (the guest kernels keep booting after that). API latency is GET /v1/info sent "
+        "back to back while the creates run. Accounting CPU is the daemon's CPU time while a "
+        f"client lists every domain with its CPU accounting once a second for {SAMPLE_S:.0f} s.",
+        "",
+    ]
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
