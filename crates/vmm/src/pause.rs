@@ -7,6 +7,7 @@
 //! lands just before the thread enters `KVM_RUN` would be missed, so
 //! [`Pause::pause`] repeats it until every vCPU has parked.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,8 @@ struct State {
 pub struct Pause {
     state: Mutex<State>,
     cv: Condvar,
+    /// Mirrors `state.paused` so the check after every exit takes no lock.
+    paused: AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +86,9 @@ impl Pause {
     /// A vCPU thread calls this between `KVM_RUN`s; it blocks while the
     /// domain is paused.
     pub fn checkpoint(&self) {
+        if !self.paused.load(Ordering::Acquire) {
+            return;
+        }
         let mut s = self.lock();
         if !s.paused {
             return;
@@ -101,6 +107,7 @@ impl Pause {
         let deadline = Instant::now() + timeout;
         let mut s = self.lock();
         s.paused = true;
+        self.paused.store(true, Ordering::Release);
         loop {
             if s.parked + s.gone >= vcpus {
                 return Ok(());
@@ -113,6 +120,7 @@ impl Pause {
             let now = Instant::now();
             if now >= deadline {
                 s.paused = false;
+                self.paused.store(false, Ordering::Release);
                 self.cv.notify_all();
                 return Err(PauseError::Timeout(timeout));
             }
@@ -127,7 +135,10 @@ impl Pause {
 
     /// Lets the vCPUs run again. Resuming a running domain does nothing.
     pub fn resume(&self) {
-        self.lock().paused = false;
+        let mut s = self.lock();
+        s.paused = false;
+        self.paused.store(false, Ordering::Release);
+        drop(s);
         self.cv.notify_all();
     }
 }
