@@ -1163,7 +1163,7 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
         &["sched-credit", "-d", "dom-c", "-w", "512", "-c", "25"],
     );
     assert!(ok, "{err}");
-    let cg = std::path::Path::new("/sys/fs/cgroup/domus/3-dom-c");
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus/d3");
     if cg.exists() {
         assert_eq!(
             std::fs::read_to_string(cg.join("cpu.weight"))

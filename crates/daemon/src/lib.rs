@@ -211,6 +211,12 @@ fn domain_dir(state: &Path, id: i64) -> PathBuf {
     state.join("domains").join(id.to_string())
 }
 
+/// A domain's cgroup is named by its id: cgroup v2 cannot rename groups,
+/// and domains can be renamed.
+fn cgroup_name(id: i64) -> String {
+    format!("d{id}")
+}
+
 fn tap_name(id: i64, i: usize) -> String {
     format!("dm{id}n{i}")
 }
@@ -454,7 +460,7 @@ impl Daemon {
             Some(base) => {
                 let g = cgroup::create(
                     base,
-                    &format!("{}-{}", r.id, c.name),
+                    &cgroup_name(r.id),
                     &cgroup::Limits {
                         weight: c.cpu_weight,
                         cap: c.cap,
@@ -533,7 +539,7 @@ impl Daemon {
             let _ = ip(&["link", "del", &tap_name(r.id, i)]);
         }
         if let Some(base) = &self.cgroup_base {
-            cgroup::remove(base, &format!("{}-{}", r.id, r.name));
+            cgroup::remove(base, &cgroup_name(r.id));
         }
         let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
         lock(&self.db).delete(r.id)?;
@@ -637,7 +643,7 @@ impl Daemon {
     fn cgroup_path(&self, r: &db::Row) -> Option<PathBuf> {
         self.cgroup_base
             .as_ref()
-            .map(|b| cgroup::group(b, &format!("{}-{}", r.id, r.name)))
+            .map(|b| cgroup::group(b, &cgroup_name(r.id)))
     }
 
     /// sched-credit: changes a domain's weight and/or cap (enforced through
@@ -745,12 +751,6 @@ impl Daemon {
         domus_xlcfg::load("name", &format!("name = '{new}'\nkernel = '/'"), &[])?;
         if lock(&self.db).all()?.iter().any(|x| x.name == new) {
             return Err(Error::NameInUse(new.into()));
-        }
-        if let Some(old) = self.cgroup_path(&r) {
-            if old.exists() {
-                let to = old.with_file_name(format!("{}-{new}", r.id));
-                std::fs::rename(&old, &to)?;
-            }
         }
         lock(&self.db).rename(r.id, new)?;
         self.remember(

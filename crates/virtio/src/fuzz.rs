@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::block::io::{self, Counters, Disk};
 use crate::block::request::{self, Desc};
@@ -131,15 +131,23 @@ pub fn net_tx(data: &[u8]) {
     let Some((mem, mut q)) = setup(data) else {
         return;
     };
-    let mut frame = Vec::new();
     let mut n = 0;
     while let Some(chain) = q.pop_descriptor_chain(&mem) {
         let head = chain.head_index();
         let descs: Vec<(u64, u32, bool)> = chain
             .map(|d| (d.addr().0, d.len(), d.is_write_only()))
             .collect();
-        if crate::net::gather_tx(&mem, &descs, &mut frame).is_some() {
-            assert!(frame.len() >= crate::net::HDR_LEN && frame.len() <= crate::net::MAX_FRAME);
+        if let Some((iov, len)) = crate::net::tx_iovecs(&mem, &descs) {
+            assert!((crate::net::HDR_LEN..=crate::net::MAX_FRAME).contains(&len));
+            let mut sum = 0usize;
+            for v in &iov {
+                // Every vector lies inside the fuzz memory's mapping.
+                let at = mem.get_host_address(GuestAddress(0)).expect("mapped") as usize;
+                let p = v.iov_base as usize;
+                assert!(p >= at && p + v.iov_len <= at + MEM_SIZE);
+                sum += v.iov_len;
+            }
+            assert_eq!(sum, len);
         }
         let _ = q.add_used(&mem, head, 0);
         n += 1;

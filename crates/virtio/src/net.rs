@@ -15,7 +15,7 @@
 //! is not read, so the back-pressure reaches both ends.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
@@ -285,24 +285,32 @@ impl Net {
     }
 }
 
-/// Reads the frame (header included) of a transmit chain: readable
-/// descriptors only, at most [`MAX_FRAME`] bytes. None if the chain is
-/// malformed.
-pub fn gather_tx(mem: &Memory, descs: &[(u64, u32, bool)], out: &mut Vec<u8>) -> Option<()> {
-    out.clear();
+/// The frame (header included) of a transmit chain, as I/O vectors straight
+/// into guest memory: readable descriptors only, each inside guest RAM, at
+/// most [`MAX_FRAME`] bytes in all. Returns the vectors and the length, or
+/// None if the chain is malformed. The guest may change the bytes while the
+/// tap reads them; it only changes what it sends.
+pub fn tx_iovecs(mem: &Memory, descs: &[(u64, u32, bool)]) -> Option<(Vec<libc::iovec>, usize)> {
+    let mut iov = Vec::with_capacity(descs.len());
+    let mut total = 0usize;
     for &(addr, len, write) in descs {
         if write {
             return None;
         }
-        let len = len as usize;
-        if out.len() + len > MAX_FRAME {
+        total = total.checked_add(len as usize)?;
+        if total > MAX_FRAME {
             return None;
         }
-        let at = out.len();
-        out.resize(at + len, 0);
-        mem.read_slice(&mut out[at..], GuestAddress(addr)).ok()?;
+        if len == 0 {
+            continue;
+        }
+        let slice = mem.get_slice(GuestAddress(addr), len as usize).ok()?;
+        iov.push(libc::iovec {
+            iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+            iov_len: len as usize,
+        });
     }
-    (out.len() >= HDR_LEN).then_some(())
+    (total >= HDR_LEN).then_some((iov, total))
 }
 
 /// Where a received frame goes: for each chain, its head and writable
@@ -346,7 +354,6 @@ struct Engine {
     /// A frame read from the tap that is waiting for guest buffers.
     rx_frame: Option<usize>,
     rx_buf: Vec<u8>,
-    tx_buf: Vec<u8>,
     tap_watched: bool,
     timer_armed: bool,
 }
@@ -486,23 +493,28 @@ impl Engine {
                 let descs: Vec<(u64, u32, bool)> = chain
                     .map(|d| (d.addr().0, d.len(), d.is_write_only()))
                     .collect();
-                if gather_tx(&mem, &descs, &mut self.tx_buf).is_none() {
+                let Some((iov, len)) = tx_iovecs(&mem, &descs) else {
                     add(&self.counters.tx_dropped, 1);
                     let _ = self.tx.add_used(&*mem, head, 0);
                     continue;
-                }
-                let bytes = (self.tx_buf.len() - HDR_LEN) as u64;
+                };
+                let bytes = (len - HDR_LEN) as u64;
                 if let Err(w) = self.limiter.lock().consume(bytes, Instant::now()) {
                     self.tx.go_to_previous_position();
                     throttled = Some(w);
                     break 'outer;
                 }
-                match (&self.tap.file).write(&self.tx_buf) {
-                    Ok(_) => {
-                        add(&self.counters.tx_packets, 1);
-                        add(&self.counters.tx_bytes, bytes);
-                    }
-                    Err(_) => add(&self.counters.tx_dropped, 1),
+                // SAFETY: each vector lies inside a guest RAM mapping
+                // (checked by tx_iovecs), which lives as long as the VM;
+                // writev only reads through them.
+                let n = unsafe {
+                    libc::writev(self.tap.file.as_raw_fd(), iov.as_ptr(), iov.len() as i32)
+                };
+                if n >= 0 {
+                    add(&self.counters.tx_packets, 1);
+                    add(&self.counters.tx_bytes, bytes);
+                } else {
+                    add(&self.counters.tx_dropped, 1);
                 }
                 let _ = self.tx.add_used(&*mem, head, 0);
             }
@@ -662,7 +674,6 @@ impl VirtioDevice for Net {
             limiter: self.limiter.clone(),
             rx_frame: None,
             rx_buf: vec![0; MAX_FRAME],
-            tx_buf: Vec::with_capacity(MAX_FRAME),
             tap_watched: false,
             timer_armed: false,
         };
@@ -738,35 +749,20 @@ mod tests {
     #[test]
     fn tx_chains_are_checked() {
         let m = mem();
-        m.write_slice(&[1u8; 100], GuestAddress(0x1000)).unwrap();
-        let mut out = Vec::new();
-        assert!(gather_tx(
-            &m,
-            &[(0x1000, 12), (0x2000, 50)].map(|(a, l)| (a, l, false)),
-            &mut out
-        )
-        .is_some());
-        assert_eq!(out.len(), 62);
-        assert!(
-            gather_tx(&m, &[(0x1000, 12, true)], &mut out).is_none(),
-            "writable"
-        );
-        assert!(
-            gather_tx(&m, &[(0x1000, 11, false)], &mut out).is_none(),
-            "short"
-        );
-        assert!(
-            gather_tx(&m, &[((1 << 20) - 4, 12, false)], &mut out).is_none(),
-            "outside"
-        );
-        assert!(
-            gather_tx(&m, &[(0, 65_000, false), (0, 65_000, false)], &mut out).is_none(),
-            "huge"
-        );
-        assert!(
-            gather_tx(&m, &[(u64::MAX - 4, 12, false)], &mut out).is_none(),
-            "wraps"
-        );
+        let ok = [(0x1000, 12, false), (0x2000, 50, false), (0x3000, 0, false)];
+        let (iov, len) = tx_iovecs(&m, &ok).unwrap();
+        assert_eq!((iov.len(), len), (2, 62));
+        let bad: [&[(u64, u32, bool)]; 6] = [
+            &[(0x1000, 12, true)],
+            &[(0x1000, 11, false)],
+            &[((1 << 20) - 4, 12, false)],
+            &[(0, 65_000, false), (0, 65_000, false)],
+            &[(u64::MAX - 4, 12, false)],
+            &[(0, u32::MAX, false)],
+        ];
+        for b in bad {
+            assert!(tx_iovecs(&m, b).is_none(), "{b:?}");
+        }
     }
 
     #[test]
