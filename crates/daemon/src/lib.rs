@@ -438,6 +438,8 @@ impl Daemon {
         }
         for (i, v) in c.vifs.iter().enumerate() {
             let tap = tap_name(r.id, i);
+            // A restart finds the tap of the VMM that ended: start afresh.
+            let _ = ip(&["link", "del", &tap]);
             ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
             if let Some(br) = &v.bridge {
                 ip(&["link", "set", &tap, "master", br])?;
@@ -835,8 +837,14 @@ impl Daemon {
         let (mut cpu, mut vcpu_time) = (0.0, 0.0);
         let mut vcpu_tids = Vec::new();
         if state == "running" {
-            if let Ok((200, t)) = domus_http::request(&self.api_sock(r), "GET", "/v1/domain", None)
-            {
+            // A VMM that does not answer quickly shows its stored state.
+            if let Ok((200, t)) = domus_http::request_within(
+                &self.api_sock(r),
+                "GET",
+                "/v1/domain",
+                None,
+                Duration::from_secs(2),
+            ) {
                 let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
                 if let Some(s) = v["state"].as_str() {
                     state = s.to_string();

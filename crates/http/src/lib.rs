@@ -356,8 +356,21 @@ pub fn request(
     path: &str,
     body: Option<&str>,
 ) -> Result<(u16, String), HttpError> {
+    request_within(socket, method, path, body, Duration::from_secs(30))
+}
+
+/// [`request`], giving up when the server has not answered within
+/// `timeout`.
+pub fn request_within(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, String), HttpError> {
     let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
     let body = body.unwrap_or("");
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     if !body.is_empty() || method == "PUT" || method == "POST" {

@@ -462,10 +462,9 @@ impl Engine {
                             }
                             add(&self.counters.rx_packets, 1);
                             add(&self.counters.rx_bytes, (len - HDR_LEN) as u64);
-                            let _ = self
-                                .limiter
+                            self.limiter
                                 .lock()
-                                .consume((len - HDR_LEN) as u64, Instant::now());
+                                .charge((len - HDR_LEN) as u64, Instant::now());
                         }
                         None => {
                             for (head, _) in chains {

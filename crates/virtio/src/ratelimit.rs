@@ -102,6 +102,18 @@ impl RateLimiter {
             .unwrap_or(Duration::ZERO)
     }
 
+    /// Charges an operation of `bytes` that has already happened (it may
+    /// put the buckets in debt).
+    pub fn charge(&mut self, bytes: u64, now: Instant) {
+        self.refill(now);
+        if let Some(b) = &mut self.bytes {
+            b.tokens -= bytes as f64;
+        }
+        if let Some(b) = &mut self.ops {
+            b.tokens -= 1.0;
+        }
+    }
+
     /// Starts an operation of `bytes` if the buckets allow it now; else
     /// returns how long to wait before asking again.
     pub fn consume(&mut self, bytes: u64, now: Instant) -> Result<(), Duration> {
@@ -171,6 +183,24 @@ mod tests {
             }
         }
         (bytes, ops)
+    }
+
+    #[test]
+    fn charged_traffic_counts_against_the_limit() {
+        let mut l = RateLimiter::new(Limits {
+            bytes_per_sec: Some(1000),
+            ops_per_sec: None,
+        });
+        let now = Instant::now();
+        assert!(l.wait(now).is_zero());
+        l.charge(1100, now);
+        // 100 bytes burst, 1100 charged: a second of debt.
+        let w = l.wait(now);
+        assert!(
+            w > Duration::from_millis(900) && w <= Duration::from_millis(1010),
+            "{w:?}"
+        );
+        assert!(l.consume(1, now).is_err());
     }
 
     #[test]
