@@ -1163,7 +1163,8 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
         &["sched-credit", "-d", "dom-c", "-w", "512", "-c", "25"],
     );
     assert!(ok, "{err}");
-    let cg = std::path::Path::new("/sys/fs/cgroup/domus/d3");
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus")
+        .join(format!("{}-d3", domus_daemon::instance_tag(&state)));
     if cg.exists() {
         assert_eq!(
             std::fs::read_to_string(cg.join("cpu.weight"))
@@ -1235,17 +1236,23 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
         );
     }
     assert_eq!(list(&state).len(), 1);
+    assert_eq!(info(&state)["domain_memory_mib"], 0, "reservations left");
     assert_eq!(
         std::fs::read_dir(state.join("domains")).unwrap().count(),
         0,
         "files left"
     );
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    let prefix = format!(": dm{}", domus_daemon::instance_tag(&state));
+    assert!(!links.contains(&prefix), "taps left: {links}");
     let cg = std::path::Path::new("/sys/fs/cgroup/domus");
     if cg.exists() {
+        let tag = domus_daemon::instance_tag(&state);
         let left: Vec<_> = std::fs::read_dir(cg)
             .unwrap()
             .filter_map(|e| e.ok())
-            .filter(|e| e.path().is_dir())
+            .filter(|e| e.path().is_dir() && e.file_name().to_string_lossy().starts_with(&tag))
             .collect();
         assert!(left.is_empty(), "cgroups left: {left:?}");
     }
@@ -1270,7 +1277,7 @@ fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &st
 }
 
 #[test]
-fn daemon_weights_share_one_cpu_caps_hold_and_crashes_restart() {
+fn exclusive_daemon_weights_share_one_cpu_caps_hold_and_crashes_restart() {
     let dir = scratch("sched");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);

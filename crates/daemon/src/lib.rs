@@ -193,6 +193,8 @@ struct Live {
 
 pub struct Daemon {
     pub state: PathBuf,
+    /// [`instance_tag`] of `state`.
+    pub tag: String,
     pub domus: PathBuf,
     pub cgroup_base: Option<PathBuf>,
     pub reserve_mib: u64,
@@ -203,6 +205,20 @@ pub struct Daemon {
     lifecycle: Mutex<()>,
 }
 
+impl Daemon {
+    /// A domain's cgroup: named by the instance and the domain's id (cgroup
+    /// v2 cannot rename groups, and domains can be renamed).
+    fn cgroup_name(&self, id: i64) -> String {
+        format!("{}-d{id}", self.tag)
+    }
+
+    /// A domain's `i`th tap: `dm`, the instance tag, the id, `n`, the index
+    /// (at most 15 characters for ids below 10^6 and up to 10 interfaces).
+    pub fn tap_name(&self, id: i64, i: usize) -> String {
+        format!("dm{}{id}n{i}", self.tag)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -211,14 +227,18 @@ fn domain_dir(state: &Path, id: i64) -> PathBuf {
     state.join("domains").join(id.to_string())
 }
 
-/// A domain's cgroup is named by its id: cgroup v2 cannot rename groups,
-/// and domains can be renamed.
-fn cgroup_name(id: i64) -> String {
-    format!("d{id}")
-}
-
-fn tap_name(id: i64, i: usize) -> String {
-    format!("dm{id}n{i}")
+/// Four hex digits naming a state directory, so that daemons with
+/// different state directories on one host (a test's and the system's)
+/// never share cgroups or taps.
+pub fn instance_tag(state: &Path) -> String {
+    let h = state
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
+    format!("{:04x}", h & 0xffff)
 }
 
 fn ip(args: &[&str]) -> std::io::Result<()> {
@@ -242,6 +262,7 @@ impl Daemon {
         let base = cgroup::root();
         let cgroup_base = base.join("cgroup.controllers").exists().then_some(base);
         let d = Arc::new(Self {
+            tag: instance_tag(&state),
             state,
             domus,
             cgroup_base,
@@ -437,7 +458,7 @@ impl Daemon {
             ));
         }
         for (i, v) in c.vifs.iter().enumerate() {
-            let tap = tap_name(r.id, i);
+            let tap = self.tap_name(r.id, i);
             // A restart finds the tap of the VMM that ended: start afresh.
             let _ = ip(&["link", "del", &tap]);
             ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
@@ -462,7 +483,7 @@ impl Daemon {
             Some(base) => {
                 let g = cgroup::create(
                     base,
-                    &cgroup_name(r.id),
+                    &self.cgroup_name(r.id),
                     &cgroup::Limits {
                         weight: c.cpu_weight,
                         cap: c.cap,
@@ -538,10 +559,10 @@ impl Daemon {
     fn cleanup(&self, r: &db::Row) -> Result<()> {
         let c = self.load(r).ok();
         for i in 0..c.as_ref().map_or(8, |c| c.vifs.len()) {
-            let _ = ip(&["link", "del", &tap_name(r.id, i)]);
+            let _ = ip(&["link", "del", &self.tap_name(r.id, i)]);
         }
         if let Some(base) = &self.cgroup_base {
-            cgroup::remove(base, &cgroup_name(r.id));
+            cgroup::remove(base, &self.cgroup_name(r.id));
         }
         let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
         lock(&self.db).delete(r.id)?;
@@ -645,7 +666,7 @@ impl Daemon {
     fn cgroup_path(&self, r: &db::Row) -> Option<PathBuf> {
         self.cgroup_base
             .as_ref()
-            .map(|b| cgroup::group(b, &cgroup_name(r.id)))
+            .map(|b| cgroup::group(b, &self.cgroup_name(r.id)))
     }
 
     /// sched-credit: changes a domain's weight and/or cap (enforced through
