@@ -5,7 +5,7 @@ Inside one host (the nested KVM host on the development machines), with a
 fresh `domus daemon` and state directory per size N in SIZES:
 
   * create rate: N domains created by N concurrent clients through the
-    daemon's API (each a 64 MiB kit guest that idles); domains per second
+    daemon's API (each a 128 MiB kit guest that idles); domains per second
     from the first request to the last domain answering on its own API;
   * API latency: while that runs, one client sends GET /v1/info back to
     back; p50 and p99;
@@ -44,7 +44,7 @@ def say(msg):
 
 def request(sock_path, method, path, body=None):
     s = socket.socket(socket.AF_UNIX)
-    s.settimeout(120)
+    s.settimeout(600)
     s.connect(sock_path)
     data = body.encode() if body else b""
     head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
@@ -98,7 +98,7 @@ def one_size(n, k):
         time.sleep(0.02)
     time.sleep(0.5)
     rss0 = proc_rss_kib(daemon.pid)
-    cfg = ("name = '{name}'\nmemory = 64\nkernel = '" + k["kernel"] + "'\nramdisk = '" +
+    cfg = ("name = '{name}'\nmemory = 128\nkernel = '" + k["kernel"] + "'\nramdisk = '" +
            k["initrd"] + "'\nextra = 'console=ttyS0 quiet panic=-1 -- while :; do sleep 5; done'\n")
 
     latencies, stop = [], threading.Event()
@@ -118,8 +118,15 @@ def one_size(n, k):
     p = threading.Thread(target=pinger)
     p.start()
     t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as ex:
-        list(ex.map(create, range(n)))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as ex:
+            list(ex.map(create, range(n)))
+    except BaseException:
+        # Leave nothing running: the nested host ends only when all is gone.
+        stop.set()
+        daemon.kill()
+        subprocess.run(["pkill", "-9", "-f", f"api-socket {state}"])
+        raise
     create_s = time.perf_counter() - t0
     stop.set()
     p.join()
@@ -168,7 +175,7 @@ def main():
         "machine": {"host": platform.node(), "kernel": platform.release(),
                     "cpus": os.cpu_count(),
                     "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"},
-        "config": {"sizes": SIZES, "guest_memory_mib": 64, "accounting_sample_s": SAMPLE_S},
+        "config": {"sizes": SIZES, "guest_memory_mib": 128, "accounting_sample_s": SAMPLE_S},
         "results": rows,
     }
     with open(os.path.join(HERE, "results.json"), "w") as f:
@@ -178,7 +185,7 @@ def main():
         "# bench/control results",
         "",
         f"{doc['date']}, nested KVM host ({os.cpu_count()} CPUs, kernel {platform.release()}), "
-        f"command `tools/bench-control`. Guests: the kit kernel, 64 MiB, idle.",
+        f"command `tools/bench-control`. Guests: the kit kernel, 128 MiB, idle.",
         "",
         "| domains | create (s) | domains/s | API p50 (ms) | API p99 (ms) | daemon KiB/domain | accounting CPU (%) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -379,7 +379,10 @@ impl Daemon {
     ) -> Result<(Value, Vec<String>)> {
         let loaded = domus_xlcfg::load(file, text, overrides)?;
         let c = &loaded.config;
-        let _guard = lock(&self.lifecycle);
+        // The name check, admission and the row (which reserves the name and
+        // the memory) happen under the lifecycle lock; starting the VMM does
+        // not, so creates run side by side.
+        let guard = lock(&self.lifecycle);
         if lock(&self.db).all()?.iter().any(|r| r.name == c.name) {
             return Err(Error::NameInUse(c.name.clone()));
         }
@@ -398,6 +401,7 @@ impl Daemon {
             memory_mib: c.memory_mib as i64,
         };
         let id = lock(&self.db).insert(&row)?;
+        drop(guard);
         let row = db::Row { id, ..row };
         match self.start(&row) {
             Ok(()) => {

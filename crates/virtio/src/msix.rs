@@ -133,6 +133,20 @@ impl Msix {
         }
     }
 
+    /// The irqfd of vector `v`, with its route programmed now, for a backend
+    /// that signals it itself (vhost); None if the vector cannot take
+    /// interrupts now (out of range, MSI-X off, masked). Later changes of
+    /// the entry re-program the route (see `table_write`); a backend that
+    /// signals while the guest has the vector masked is not held back.
+    pub fn direct_irqfd(&mut self, v: u16) -> Option<EventFd> {
+        let v = usize::from(v);
+        if v >= self.entries.len() || !self.deliverable(v) {
+            return None;
+        }
+        self.route(v);
+        self.vectors[v].irqfd.try_clone().ok()
+    }
+
     /// Raises vector `v`; out-of-range vectors (and [`NO_VECTOR`]) do nothing.
     pub fn trigger(&mut self, v: u16) {
         let v = usize::from(v);
@@ -242,6 +256,13 @@ impl Interrupt {
         self.isr.fetch_or(ISR_QUEUE, Ordering::SeqCst);
         let v = self.queue_vectors.get(q).copied().unwrap_or(NO_VECTOR);
         lock(&self.msix).trigger(v);
+    }
+
+    /// The irqfd behind queue `q`'s vector, for a backend that raises the
+    /// interrupt itself (see [`Msix::direct_irqfd`]).
+    pub fn queue_irqfd(&self, q: usize) -> Option<EventFd> {
+        let v = self.queue_vectors.get(q).copied().unwrap_or(NO_VECTOR);
+        lock(&self.msix).direct_irqfd(v)
     }
 
     /// The device config (or the device status) changed.

@@ -2,8 +2,9 @@
 //!
 //! The data path is the kernel's: `/dev/vhost-vsock` gets the guest's
 //! memory map and the rx and tx rings, reads the guest's kicks straight
-//! from the queues' ioeventfds, and signals "call" eventfds that a small
-//! thread turns into MSI-X interrupts. Host programs talk to the guest with
+//! from the queues' ioeventfds, and signals the queues' MSI-X irqfds itself
+//! (a small relay thread stands in for a vector that is masked at
+//! activation). Host programs talk to the guest with
 //! ordinary `AF_VSOCK` sockets: connect to (guest CID, port), or listen on a
 //! port and let the guest connect to CID 2. The event queue (transport
 //! resets, which only live migration needs) is left to the guest.
@@ -84,7 +85,8 @@ struct MemRegion {
     padding: u64,
 }
 
-/// Per-device counters (the data moves in the kernel; we count interrupts).
+/// Per-device counters (the data moves in the kernel; we count the
+/// interrupts that went through the relay thread, not vhost's own).
 #[derive(Debug, Default)]
 pub struct Counters {
     pub interrupts: AtomicU64,
@@ -279,14 +281,15 @@ impl Vsock {
     }
 }
 
-/// Turns vhost's call eventfds into the queues' interrupts.
-fn relay(calls: Vec<EventFd>, kill: EventFd, irq: Interrupt, counters: Arc<Counters>) {
+/// Turns vhost's call eventfds (for queues whose vector could not be
+/// handed to vhost) into the queues' interrupts.
+fn relay(calls: Vec<(usize, EventFd)>, kill: EventFd, irq: Interrupt, counters: Arc<Counters>) {
     let Ok(mut poller) = Poller::new() else {
         return;
     };
     let mut ok = poller.add(&kill, u64::MAX).is_ok();
-    for (i, c) in calls.iter().enumerate() {
-        ok &= poller.add(c, i as u64).is_ok();
+    for (i, c) in &calls {
+        ok &= poller.add(c, *i as u64).is_ok();
     }
     if !ok {
         return crate::warn("vsock", format_args!("epoll set-up failed"));
@@ -297,10 +300,10 @@ fn relay(calls: Vec<EventFd>, kill: EventFd, irq: Interrupt, counters: Arc<Count
             if t == u64::MAX {
                 return;
             }
-            if let Some(c) = calls.get(t as usize) {
+            if let Some((q, c)) = calls.iter().find(|(q, _)| *q as u64 == t) {
                 let _ = c.read();
                 counters.interrupts.fetch_add(1, Ordering::Relaxed);
-                irq.queue(t as usize);
+                irq.queue(*q);
             }
         }
     }
@@ -333,9 +336,20 @@ impl VirtioDevice for Vsock {
             Some(v) => v,
             None => Vhost::open(self.cid).map_err(|e| std::io::Error::other(e.to_string()))?,
         };
-        let calls = (0..VHOST_QUEUES)
-            .map(|_| EventFd::new(libc::EFD_NONBLOCK))
-            .collect::<std::io::Result<Vec<_>>>()?;
+        // vhost signals the queue's MSI-X irqfd itself where it can; else an
+        // eventfd that the relay thread turns into the interrupt.
+        let mut calls = Vec::new();
+        let mut relayed = Vec::new();
+        for i in 0..VHOST_QUEUES {
+            match a.interrupt.queue_irqfd(i) {
+                Some(fd) => calls.push(fd),
+                None => {
+                    let fd = EventFd::new(libc::EFD_NONBLOCK)?;
+                    relayed.push((i, fd.try_clone()?));
+                    calls.push(fd);
+                }
+            }
+        }
         self.start(&vhost, &a, &calls)
             .map_err(std::io::Error::other)?;
         let kill = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -344,7 +358,7 @@ impl VirtioDevice for Vsock {
         let h = std::thread::Builder::new()
             .name("vsock-irq".into())
             .stack_size(128 << 10)
-            .spawn(move || relay(calls, k2, irq, counters))
+            .spawn(move || relay(relayed, k2, irq, counters))
             .map_err(ActivateError::Thread)?;
         self.vhost = Some(vhost);
         self.running = Some((kill, h));
