@@ -1358,3 +1358,80 @@ fn exclusive_daemon_weights_share_one_cpu_caps_hold_and_crashes_restart() {
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn daemon_50_concurrent_creates_and_destroys_leave_nothing_behind() {
+    let dir = scratch("churn");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let sock = state.join("domusd.sock");
+    let cfgs: Vec<String> = (0..25)
+        .map(|i| {
+            std::fs::read_to_string(spin_config(
+                &dir,
+                &format!("c{i}"),
+                "",
+                "while :; do sleep 5; done",
+            ))
+            .unwrap()
+        })
+        .collect();
+    // 25 creates and 25 destroys of the same domains, all at once.
+    let mut hs = Vec::new();
+    for (i, cfg) in cfgs.into_iter().enumerate() {
+        let s = sock.clone();
+        hs.push(std::thread::spawn(move || {
+            let body = serde_json::json!({"config": cfg, "file": format!("c{i}.cfg")}).to_string();
+            domus_http::request(&s, "POST", "/v1/domains", Some(&body)).map(|r| r.0)
+        }));
+        let s = sock.clone();
+        hs.push(std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20 * i as u64));
+            domus_http::request(&s, "DELETE", &format!("/v1/domains/c{i}"), None).map(|r| r.0)
+        }));
+    }
+    for h in hs {
+        let status = h.join().unwrap().expect("the daemon answers every request");
+        assert!([201, 204, 404, 500].contains(&status), "{status}");
+    }
+    // Whatever survived the race goes now.
+    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for d in l.as_array().unwrap().iter().filter(|d| d["id"] != 0) {
+        let (ok, _, err) = domus_cli(&state, &["destroy", d["name"].as_str().unwrap()]);
+        assert!(ok, "{err}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
+    // No VMM, files, reservations or cgroups left.
+    let ps = Command::new("pgrep")
+        .args(["-f", &format!("api-socket {}", state.display())])
+        .output()
+        .unwrap();
+    assert!(
+        ps.stdout.is_empty(),
+        "VMMs left: {}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+    assert_eq!(
+        std::fs::read_dir(state.join("domains")).unwrap().count(),
+        0,
+        "files left"
+    );
+    let (_, out, _) = domus_cli(&state, &["info", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["domain_memory_mib"], 0);
+    let tag = domus_daemon::instance_tag(&state);
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup/domus") {
+        let left: Vec<_> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&tag))
+            .collect();
+        assert!(left.is_empty(), "cgroups left: {left:?}");
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -50,6 +50,9 @@ impl Db {
                 restarts INTEGER NOT NULL DEFAULT 0,
                 memory_mib INTEGER NOT NULL
             );
+            CREATE TABLE IF NOT EXISTS ids (last INTEGER NOT NULL);
+            INSERT INTO ids (last) SELECT COALESCE(MAX(id), 0) FROM domains
+                WHERE NOT EXISTS (SELECT 1 FROM ids);
             CREATE TABLE IF NOT EXISTS log (
                 at REAL NOT NULL,
                 msg TEXT NOT NULL
@@ -94,15 +97,20 @@ impl Db {
             .optional()
     }
 
-    /// Inserts a new domain in state `creating` with the next free id (ids
-    /// start at 1; 0 is the host) and returns the id.
+    /// Inserts a new domain in state `creating` and returns its id. Ids
+    /// start at 1 (0 is the host) and are never reused, so nothing left
+    /// over from a destroyed domain can be mistaken for a new one's.
     pub fn insert(&self, r: &Row) -> rusqlite::Result<i64> {
-        self.conn.execute(
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute("UPDATE ids SET last = last + 1", [])?;
+        let id: i64 = tx.query_row("SELECT last FROM ids", [], |row| row.get(0))?;
+        tx.execute(
             "INSERT INTO domains (id, name, cfg_text, cfg_file, cfg_dir, overrides, state, memory_mib)
-             VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM domains), ?1, ?2, ?3, ?4, ?5, 'creating', ?6)",
-            params![r.name, r.cfg_text, r.cfg_file, r.cfg_dir, r.overrides, r.memory_mib],
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7)",
+            params![id, r.name, r.cfg_text, r.cfg_file, r.cfg_dir, r.overrides, r.memory_mib],
         )?;
-        Ok(self.conn.last_insert_rowid())
+        tx.commit()?;
+        Ok(id)
     }
 
     pub fn set_running(&self, id: i64, pid: i64, start_time: i64) -> rusqlite::Result<()> {
@@ -212,7 +220,7 @@ mod tests {
             assert!(db.insert(&row("a")).is_err(), "duplicate name");
             db.set_running(1, 1234, 99).unwrap();
             db.delete(2).unwrap();
-            assert_eq!(db.insert(&row("c")).unwrap(), 2);
+            assert_eq!(db.insert(&row("c")).unwrap(), 3, "ids are never reused");
             db.log("hello");
         }
         let db = Db::open(&path).unwrap();

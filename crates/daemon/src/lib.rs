@@ -181,8 +181,14 @@ pub fn cpulist(cpus: &[u32]) -> String {
     parts.join(",")
 }
 
+/// Whether `pid` is still the process that started at `start` and has not
+/// exited (a zombie has).
 fn alive(pid: i64, start: Option<i64>) -> bool {
-    start.is_some() && start_time(pid) == start
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with(['Z', 'X'])))
+        .unwrap_or(true);
+    start.is_some() && !zombie && start_time(pid) == start
 }
 
 /// What the daemon knows about a running domain beyond its row.
@@ -405,14 +411,34 @@ impl Daemon {
         let row = db::Row { id, ..row };
         match self.start(&row) {
             Ok(()) => {
+                let Some(r) = lock(&self.db).get(id)? else {
+                    // Destroyed while it started: take the new VMM down too.
+                    if let Some(mut l) = lock(&self.live).remove(&id) {
+                        if let Some(ch) = l.child.as_mut() {
+                            let _ = ch.kill();
+                            let _ = ch.wait();
+                        }
+                    }
+                    self.cleanup(&row)?;
+                    return Err(Error::NoSuchDomain(format!(
+                        "{} (destroyed while it was being created)",
+                        c.name
+                    )));
+                };
                 self.log(&format!("created domain {} (id {id})", c.name));
-                Ok((self.describe(&self.find(&id.to_string())?), loaded.warnings))
+                Ok((self.describe(&r), loaded.warnings))
             }
             Err(e) => {
                 self.log(&format!("creating {} failed: {e}", c.name));
-                let r = lock(&self.db).get(id)?.unwrap_or(row);
-                if let Some(pid) = r.pid {
-                    // SAFETY: kill(2) on the VMM we started.
+                // A destroy that came in meanwhile removed the row; what the
+                // start made after that (directory, cgroup, taps) goes now.
+                let Some(r) = lock(&self.db).get(id)? else {
+                    self.cleanup(&row)?;
+                    return Err(e);
+                };
+                if let Some(pid) = r.pid.filter(|p| alive(*p, r.start_time)) {
+                    // SAFETY: kill(2) on the VMM we started (still the same
+                    // process: its start time matches).
                     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                 }
                 if let Some(mut l) = lock(&self.live).remove(&id) {
@@ -538,6 +564,8 @@ impl Daemon {
                 break;
             }
             if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
                 return Err(Error::Start {
                     name: c.name.clone(),
                     msg: "its API did not answer within 15 s".into(),
