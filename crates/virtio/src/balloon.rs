@@ -17,7 +17,6 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueT};
@@ -25,7 +24,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::epoll::Poller;
-use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
+use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
 
 pub const F_STATS_VQ: u64 = 1 << 1;
 pub const F_DEFLATE_ON_OOM: u64 = 1 << 2;
@@ -167,7 +166,7 @@ impl crate::Stats for BalloonHandle {
 
 pub struct Balloon {
     handle: Arc<BalloonHandle>,
-    running: Option<(EventFd, JoinHandle<()>)>,
+    running: Option<DeviceThread>,
 }
 
 impl Balloon {
@@ -522,21 +521,17 @@ impl VirtioDevice for Balloon {
         if e.deflate.is_none() {
             return Err(ActivateError::MissingQueue(Q_DEFLATE));
         }
-        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
-        let k2 = kill.try_clone()?;
-        let h = std::thread::Builder::new()
-            .name("virtio-balloon".into())
-            .stack_size(256 << 10)
-            .spawn(move || e.run(events, k2))
-            .map_err(ActivateError::Thread)?;
-        self.running = Some((kill, h));
+        self.running = Some(DeviceThread::spawn(
+            "virtio-balloon",
+            256 << 10,
+            move |kill| e.run(events, kill),
+        )?);
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some((kill, h)) = self.running.take() {
-            let _ = kill.write(1);
-            let _ = h.join();
+        if let Some(t) = self.running.take() {
+            t.stop();
         }
         self.handle.actual.store(0, Ordering::SeqCst);
     }

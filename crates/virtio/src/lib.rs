@@ -86,6 +86,37 @@ pub enum ActivateError {
     Io(#[from] std::io::Error),
 }
 
+/// A device's serving thread and the eventfd that tells it to stop.
+pub struct DeviceThread {
+    kill: EventFd,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl DeviceThread {
+    /// Runs `f` on a thread called `name`; `f` gets the kill eventfd and
+    /// must return once it becomes readable.
+    pub fn spawn(
+        name: &str,
+        stack: usize,
+        f: impl FnOnce(EventFd) + Send + 'static,
+    ) -> Result<Self, ActivateError> {
+        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
+        let k2 = kill.try_clone()?;
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .stack_size(stack)
+            .spawn(move || f(k2))
+            .map_err(ActivateError::Thread)?;
+        Ok(Self { kill, handle })
+    }
+
+    /// Tells the thread to stop and waits until it has.
+    pub fn stop(self) {
+        let _ = self.kill.write(1);
+        let _ = self.handle.join();
+    }
+}
+
 /// A virtio device model behind the transport.
 pub trait VirtioDevice: Send {
     fn device_type(&self) -> u32;

@@ -20,7 +20,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -30,7 +29,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::epoll::Poller;
 use crate::ratelimit::{Limits, Shared};
-use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
+use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
 
 pub const F_CSUM: u64 = 1 << 0;
 pub const F_GUEST_CSUM: u64 = 1 << 1;
@@ -256,7 +255,7 @@ pub struct Net {
     mac: [u8; 6],
     counters: Arc<Counters>,
     limiter: Arc<Shared>,
-    running: Option<(EventFd, JoinHandle<()>)>,
+    running: Option<DeviceThread>,
 }
 
 impl Net {
@@ -676,22 +675,16 @@ impl VirtioDevice for Net {
             tap_watched: false,
             timer_armed: false,
         };
-        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
-        let k2 = kill.try_clone()?;
         let (rx_evt, tx_evt) = (rx.event, tx.event);
-        let h = std::thread::Builder::new()
-            .name("virtio-net".into())
-            .stack_size(256 << 10)
-            .spawn(move || engine.run(rx_evt, tx_evt, k2))
-            .map_err(ActivateError::Thread)?;
-        self.running = Some((kill, h));
+        self.running = Some(DeviceThread::spawn("virtio-net", 256 << 10, move |kill| {
+            engine.run(rx_evt, tx_evt, kill)
+        })?);
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some((kill, h)) = self.running.take() {
-            let _ = kill.write(1);
-            let _ = h.join();
+        if let Some(t) = self.running.take() {
+            t.stop();
         }
     }
 }

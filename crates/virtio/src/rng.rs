@@ -3,21 +3,20 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::epoll::Poller;
-use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
+use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
 
 const QUEUE_SIZE: u16 = 256;
 /// The most bytes one request gets; a guest asking for more gets this much.
 pub const MAX_REQUEST: usize = 64 << 10;
 
 pub struct Rng {
-    running: Option<(EventFd, JoinHandle<()>)>,
+    running: Option<DeviceThread>,
     counters: Arc<Counters>,
 }
 
@@ -168,22 +167,16 @@ impl VirtioDevice for Rng {
             .into_iter()
             .find(|q| q.index == 0)
             .ok_or(ActivateError::MissingQueue(0))?;
-        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
-        let k2 = kill.try_clone()?;
         let (mem, irq, c) = (a.mem, a.interrupt, self.counters.clone());
-        let h = std::thread::Builder::new()
-            .name("virtio-rng".into())
-            .stack_size(256 << 10)
-            .spawn(move || run(mem, q.queue, q.event, k2, irq, c))
-            .map_err(ActivateError::Thread)?;
-        self.running = Some((kill, h));
+        self.running = Some(DeviceThread::spawn("virtio-rng", 256 << 10, move |kill| {
+            run(mem, q.queue, q.event, kill, irq, c)
+        })?);
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some((kill, h)) = self.running.take() {
-            let _ = kill.write(1);
-            let _ = h.join();
+        if let Some(t) = self.running.take() {
+            t.stop();
         }
     }
 }

@@ -14,14 +14,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::epoll::Poller;
-use crate::{ActivateError, Activation, Interrupt, VirtioDevice};
+use crate::{ActivateError, Activation, DeviceThread, Interrupt, VirtioDevice};
 
 const VHOST_GET_FEATURES: libc::c_ulong = 0x8008_af00;
 const VHOST_SET_FEATURES: libc::c_ulong = 0x4008_af00;
@@ -154,7 +153,7 @@ pub struct Vsock {
     vhost: Option<Vhost>,
     vhost_features: u64,
     counters: Arc<Counters>,
-    running: Option<(EventFd, JoinHandle<()>)>,
+    running: Option<DeviceThread>,
 }
 
 impl Vsock {
@@ -352,16 +351,11 @@ impl VirtioDevice for Vsock {
         }
         self.start(&vhost, &a, &calls)
             .map_err(std::io::Error::other)?;
-        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
-        let k2 = kill.try_clone()?;
         let (irq, counters) = (a.interrupt, self.counters.clone());
-        let h = std::thread::Builder::new()
-            .name("vsock-irq".into())
-            .stack_size(128 << 10)
-            .spawn(move || relay(relayed, k2, irq, counters))
-            .map_err(ActivateError::Thread)?;
+        self.running = Some(DeviceThread::spawn("vsock-irq", 128 << 10, move |kill| {
+            relay(relayed, kill, irq, counters)
+        })?);
         self.vhost = Some(vhost);
-        self.running = Some((kill, h));
         Ok(())
     }
 
@@ -373,9 +367,8 @@ impl VirtioDevice for Vsock {
             // Closing the device releases the rings and the CID; the next
             // activation opens it again.
         }
-        if let Some((kill, h)) = self.running.take() {
-            let _ = kill.write(1);
-            let _ = h.join();
+        if let Some(t) = self.running.take() {
+            t.stop();
         }
     }
 }

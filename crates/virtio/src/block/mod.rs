@@ -30,7 +30,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::epoll::Poller;
 use crate::ratelimit::{Limits, Shared};
-use crate::{ActivateError, Activation, Interrupt, Memory, VirtioDevice};
+use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
 pub use io::Counters;
 use io::Disk;
 use request::{Desc, Request, ID_BYTES, SECTOR_SIZE};
@@ -69,7 +69,7 @@ pub struct Block {
     disk: Arc<Disk>,
     capacity: u64,
     limiter: Arc<Shared>,
-    running: Option<(EventFd, JoinHandle<()>)>,
+    running: Option<DeviceThread>,
 }
 
 /// The GET_ID string: the configured id, else the file name, cut to 20 bytes.
@@ -191,7 +191,6 @@ impl VirtioDevice for Block {
             .into_iter()
             .find(|q| q.index == 0)
             .ok_or(ActivateError::MissingQueue(0))?;
-        let kill = EventFd::new(libc::EFD_NONBLOCK)?;
         let done_evt = EventFd::new(libc::EFD_NONBLOCK)?;
         let (job_tx, job_rx) = channel::<Job>();
         let (done_tx, done_rx) = channel::<Done>();
@@ -221,21 +220,16 @@ impl VirtioDevice for Block {
             pending: None,
             workers,
         };
-        let k2 = kill.try_clone()?;
         let qevt = q.event;
-        let h = std::thread::Builder::new()
-            .name("virtio-blk".into())
-            .stack_size(256 << 10)
-            .spawn(move || engine.run(qevt, k2, done_evt))
-            .map_err(ActivateError::Thread)?;
-        self.running = Some((kill, h));
+        self.running = Some(DeviceThread::spawn("virtio-blk", 256 << 10, move |kill| {
+            engine.run(qevt, kill, done_evt)
+        })?);
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some((kill, h)) = self.running.take() {
-            let _ = kill.write(1);
-            let _ = h.join();
+        if let Some(t) = self.running.take() {
+            t.stop();
         }
     }
 }
