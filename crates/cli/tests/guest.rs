@@ -59,6 +59,20 @@ fn boot_full(
     params: &str,
     command: &str,
 ) -> Run {
+    boot_watching(kernel, extra, vcpus, memory, params, command, |_| {})
+}
+
+/// [`boot_full`], handing each console line (trimmed) to `on_line` as it
+/// arrives.
+fn boot_watching(
+    kernel: &PathBuf,
+    extra: &[String],
+    vcpus: u32,
+    memory: &str,
+    params: &str,
+    command: &str,
+    mut on_line: impl FnMut(&str),
+) -> Run {
     let k = kit();
     // A hung guest fails its test instead of hanging the run: coreutils'
     // timeout ends it with status 124.
@@ -93,6 +107,7 @@ fn boot_full(
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap_or_default();
         last_line = Instant::now();
+        on_line(line.trim());
         stdout.push_str(&line);
         stdout.push('\n');
     }
@@ -525,52 +540,11 @@ fn disk_rate_limits_hold_within_10_percent() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Boots like [`boot_full`] but hands each console line to `on_line` as it
-/// arrives, so the test can act on the running domain (through its API).
-fn boot_live(extra: &[String], memory: &str, command: &str, mut on_line: impl FnMut(&str)) -> Run {
-    let k = kit();
-    let mut child = Command::new("timeout")
-        .arg(GUEST_TIMEOUT_S.to_string())
-        .arg(env!("CARGO_BIN_EXE_domus"))
-        .arg("run")
-        .arg("--kernel")
-        .arg(&k.kernel)
-        .arg("--initrd")
-        .arg(&k.initrd)
-        .args(["--memory", memory])
-        .args(extra)
-        .arg("--cmdline")
-        .arg(format!(
-            "console=ttyS0 quiet panic=-1 domus.cmd={}",
-            base64(command)
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning domus run");
-    let stderr = child.stderr.take().unwrap();
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
-        s
-    });
-    let mut stdout = String::new();
-    let mut last_line = Instant::now();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap_or_default();
-        last_line = Instant::now();
-        on_line(line.trim());
-        stdout.push_str(&line);
-        stdout.push('\n');
-    }
-    let status = child.wait().unwrap();
-    Run {
-        code: status.code().unwrap_or(-1),
-        stdout,
-        stderr: err_thread.join().unwrap(),
-        tail: last_line.elapsed(),
-    }
+/// Boots like [`boot_full`] (kit kernel, one vCPU) but hands each console
+/// line to `on_line` as it arrives, so the test can act on the running
+/// domain (through its API).
+fn boot_live(extra: &[String], memory: &str, command: &str, on_line: impl FnMut(&str)) -> Run {
+    boot_watching(&kit().kernel, extra, 1, memory, "", command, on_line)
 }
 
 fn api(
