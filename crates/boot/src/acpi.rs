@@ -1,7 +1,10 @@
 //! ACPI tables for a hardware-reduced ACPI platform: RSDP, XSDT, FADT, DSDT
 //! and MADT. They tell the guest how many CPUs it has (MADT), how to power off
 //! and reset (FADT sleep control/status and reset registers, `_S5_` in the
-//! DSDT), and where the pvpanic device is (DSDT, `QEMU0001`).
+//! DSDT), where the pvpanic device is (DSDT, `QEMU0001`), and how the host
+//! presses the power button: a Generic Event Device (`ACPI0013`) whose
+//! interrupt makes the guest run `_EVT`, which reads the pending events from
+//! an I/O port and notifies the power button device (`PNP0C0C`).
 
 use crate::aml;
 use crate::layout::{ACPI_END, ACPI_START, IOAPIC_ADDR, LAPIC_ADDR};
@@ -26,7 +29,14 @@ pub struct AcpiConfig {
     pub pci_config_port: u16,
     pub pci_mmio_base: u32,
     pub pci_mmio_len: u32,
+    /// The Generic Event Device's event port (read: pending events, cleared
+    /// by the read) and its interrupt (edge-triggered GSI).
+    pub ged_port: u16,
+    pub ged_gsi: u32,
 }
+
+/// Bits of the Generic Event Device's event port.
+pub const GED_POWER_BUTTON: u8 = 1;
 
 /// The `SLP_TYP` value `_S5_` announces; the guest writes it to the sleep
 /// control register (bits 2..4, with `SLP_EN`, bit 5) to power off.
@@ -133,6 +143,35 @@ fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
                     ),
                 ],
             ),
+            // The power button, notified by the GED's _EVT.
+            aml::device(
+                "PWRB",
+                &[
+                    aml::name("_HID", aml::string("PNP0C0C")),
+                    aml::name("_UID", aml::integer(0)),
+                ],
+            ),
+            aml::device(
+                "GED0",
+                &[
+                    aml::name("_HID", aml::string("ACPI0013")),
+                    aml::name("_UID", aml::integer(0)),
+                    aml::name("_CRS", aml::edge_interrupt(cfg.ged_gsi)),
+                    aml::io_region("GEDR", cfg.ged_port, 1),
+                    aml::byte_field("GEDR", "GEVT", 8),
+                    aml::method(
+                        "_EVT",
+                        1,
+                        &[
+                            aml::store_to_local0("GEVT"),
+                            aml::if_local0_has(
+                                GED_POWER_BUTTON.into(),
+                                &[aml::notify("PWRB", 0x80)],
+                            ),
+                        ],
+                    ),
+                ],
+            ),
             aml::device(
                 "PEVT",
                 &[
@@ -224,6 +263,8 @@ mod tests {
             pci_config_port: 0xcf8,
             pci_mmio_base: 0xc000_0000,
             pci_mmio_len: 0x2000_0000,
+            ged_port: 0x608,
+            ged_gsi: 5,
         }
     }
 
@@ -299,5 +340,22 @@ mod tests {
         assert_eq!(&fadt[256..268], &gas_io(0x601));
         assert_eq!(&fadt[116..128], &gas_io(0x602));
         assert_eq!(fadt[128], 1);
+    }
+
+    #[test]
+    fn dsdt_has_the_power_button_and_its_event_device() {
+        let d = dsdt(&cfg(1));
+        let has = |needle: &[u8]| d.windows(needle.len()).any(|w| w == needle);
+        assert!(has(b"PNP0C0C\0"));
+        assert!(has(b"ACPI0013\0"));
+        // _EVT: one argument, serialized; Notify(PWRB, 0x80).
+        assert!(has(b"_EVT\x09"));
+        assert!(has(&[0x86, b'P', b'W', b'R', b'B', 0x0a, 0x80]));
+        // Interrupt(ResourceConsumer, Edge, ActiveHigh, Exclusive) {5}.
+        assert!(has(&[0x89, 0x06, 0x00, 0x03, 0x01, 5, 0, 0, 0]));
+        // OperationRegion(GEDR, SystemIO, 0x608, 1).
+        assert!(has(&[
+            0x5b, 0x80, b'G', b'E', b'D', b'R', 1, 0x0b, 0x08, 0x06, 1
+        ]));
     }
 }

@@ -1,5 +1,7 @@
 //! A tiny ACPI Machine Language encoder: just what the DSDT needs (names,
-//! packages, devices, scopes, integers, strings and I/O resource templates).
+//! packages, devices, scopes, integers, strings, resource templates, and the
+//! few statements of the Generic Event Device's `_EVT` method: an I/O
+//! operation region with one field, `Store`, `And`, `If` and `Notify`).
 
 /// Encodes a PkgLength for `content` bytes that follow it; the encoded
 /// length counts the PkgLength bytes themselves (ACPI 6.4, 20.2.4).
@@ -165,6 +167,85 @@ pub fn pci_root_resources(config_port: u16, mmio_base: u32, mmio_len: u32) -> Ve
         d.extend_from_slice(&v.to_le_bytes());
     }
     template(d)
+}
+
+/// `ResourceTemplate() { Interrupt(ResourceConsumer, Edge, ActiveHigh,
+/// Exclusive) { gsi } }`: one extended interrupt descriptor.
+pub fn edge_interrupt(gsi: u32) -> Vec<u8> {
+    let mut d = vec![0x89, 0x06, 0x00, 0x03, 0x01];
+    d.extend_from_slice(&gsi.to_le_bytes());
+    template(d)
+}
+
+/// `OperationRegion(name, SystemIO, port, len)`.
+pub fn io_region(name: &str, port: u16, len: u8) -> Vec<u8> {
+    let mut o = vec![0x5b, 0x80];
+    o.extend(name_string(name));
+    o.push(0x01); // SystemIO
+    o.extend(integer(port.into()));
+    o.extend(integer(len.into()));
+    o
+}
+
+/// `Field(region, ByteAcc, NoLock, Preserve) { name, bits }`: one field unit
+/// at the start of the region.
+pub fn byte_field(region: &str, name: &str, bits: u8) -> Vec<u8> {
+    assert!(bits < 0x40, "field of {bits} bits");
+    let mut body = name_string(region);
+    body.push(0x01); // ByteAcc, NoLock, Preserve
+    body.extend_from_slice(&name_seg(name));
+    body.push(bits);
+    let mut o = vec![0x5b, 0x81];
+    o.extend(pkg_length(body.len()));
+    o.extend(body);
+    o
+}
+
+/// `Method(name, args, Serialized) { body }`.
+pub fn method(name: &str, args: u8, body: &[Vec<u8>]) -> Vec<u8> {
+    assert!(args < 8);
+    let mut b = name_string(name);
+    b.push(args | 0x08); // serialized
+    for s in body {
+        b.extend_from_slice(s);
+    }
+    let mut o = vec![0x14];
+    o.extend(pkg_length(b.len()));
+    o.extend(b);
+    o
+}
+
+/// `Local0` as an operand.
+pub const LOCAL0: u8 = 0x60;
+
+/// `Store(name, Local0)`: reads a named object (a field: an I/O read).
+pub fn store_to_local0(source: &str) -> Vec<u8> {
+    let mut o = vec![0x70];
+    o.extend(name_string(source));
+    o.push(LOCAL0);
+    o
+}
+
+/// `If (And(Local0, mask)) { body }`.
+pub fn if_local0_has(mask: u64, body: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = vec![0x7b, LOCAL0];
+    b.extend(integer(mask));
+    b.push(0x00); // no target
+    for s in body {
+        b.extend_from_slice(s);
+    }
+    let mut o = vec![0xa0];
+    o.extend(pkg_length(b.len()));
+    o.extend(b);
+    o
+}
+
+/// `Notify(object, value)`.
+pub fn notify(object: &str, value: u8) -> Vec<u8> {
+    let mut o = vec![0x86];
+    o.extend(name_string(object));
+    o.extend(integer(value.into()));
+    o
 }
 
 #[cfg(test)]

@@ -58,6 +58,10 @@ enum Command {
     List(xl::ListArgs),
     /// Destroy a domain at once.
     Destroy(xl::DomArgs),
+    /// Ask a domain's guest to shut down cleanly (ACPI power button); on_poweroff applies.
+    Shutdown(xl::ShutdownArgs),
+    /// Ask a domain's guest to reboot (power button, then on_reboot applies).
+    Reboot(xl::ShutdownArgs),
     /// Pause a domain's vCPUs.
     Pause(xl::DomArgs),
     /// Let a paused domain run again.
@@ -65,6 +69,9 @@ enum Command {
     /// Set the memory a domain keeps (its balloon takes the rest).
     #[command(name = "mem-set")]
     MemSet(xl::MemSetArgs),
+    /// Set the most memory a domain may have (bounds mem-set and its cgroup).
+    #[command(name = "mem-max")]
+    MemMax(xl::MemMaxArgs),
     /// Host and daemon facts.
     Info(xl::InfoArgs),
     /// Give a domain a new name.
@@ -285,9 +292,12 @@ fn main() -> ExitCode {
         Command::Create(a) => xl::create(a),
         Command::List(a) => xl::list(a),
         Command::Destroy(a) => xl::simple("destroy", a),
+        Command::Shutdown(a) => xl::shutdown("shutdown", a),
+        Command::Reboot(a) => xl::shutdown("reboot", a),
         Command::Pause(a) => xl::simple("pause", a),
         Command::Unpause(a) => xl::simple("unpause", a),
         Command::MemSet(a) => xl::mem_set(a),
+        Command::MemMax(a) => xl::mem_max(a),
         Command::Info(a) => xl::info(a),
         Command::Rename(a) => xl::rename(a),
         Command::VcpuList(a) => xl::vcpu_list(a),

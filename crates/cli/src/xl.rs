@@ -38,6 +38,9 @@ pub struct CreateArgs {
     pub config: PathBuf,
     /// key=value settings that override the file's, as with xl create.
     pub overrides: Vec<String>,
+    /// Follow the new domain's console (as `domus console`) until it goes away.
+    #[arg(short = 'c')]
+    pub console: bool,
 }
 
 #[derive(clap::Args)]
@@ -140,6 +143,12 @@ pub fn create(a: CreateArgs) -> ExitCode {
                 d["id"],
                 d["state"].as_str().unwrap_or("?")
             );
+            if a.console {
+                return console(ConsoleArgs {
+                    state: a.state,
+                    domain: d["id"].to_string(),
+                });
+            }
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
@@ -191,6 +200,118 @@ pub fn mem_set(a: MemSetArgs) -> ExitCode {
     let path = format!("/v1/domains/{}/memory", a.domain);
     match call(&a.state.socket(), "PUT", &path, Some(&body)) {
         Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ShutdownArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+    /// Wait until the guest has stopped (shutdown) or is running again
+    /// (reboot).
+    #[arg(short = 'w', long)]
+    pub wait: bool,
+    /// With -w: give up after this many seconds (exit status 1).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    pub timeout: u64,
+}
+
+/// shutdown and reboot: press the guest's power button through the daemon,
+/// and with -w wait for the outcome.
+pub fn shutdown(verb: &str, a: ShutdownArgs) -> ExitCode {
+    let sock = a.state.socket();
+    let before = match call(
+        &sock,
+        "PUT",
+        &format!("/v1/domains/{}/{verb}", a.domain),
+        None,
+    ) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let name = before["name"].as_str().unwrap_or("?").to_string();
+    if !a.wait {
+        println!("asked domain {name} to {verb} (ACPI power button)");
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "domus: waiting for domain {name} to {verb} (at most {} s)",
+        a.timeout
+    );
+    let (id, pid) = (before["id"].clone(), before["pid"].clone());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(a.timeout);
+    while std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let now = match call(&sock, "GET", &format!("/v1/domains/{id}"), None) {
+            Ok(d) => d,
+            // Gone: destroyed by on_poweroff (or on_reboot) = destroy.
+            Err(_) if verb == "shutdown" => {
+                println!("domain {name} has shut down");
+                return ExitCode::SUCCESS;
+            }
+            Err(_) => return fail(format!("domain {name} went away instead of rebooting")),
+        };
+        let state = now["state"].as_str().unwrap_or("?");
+        let restarted = now["pid"] != pid && state == "running";
+        match (verb, state) {
+            (_, "shutdown" | "crashed") => {
+                println!("domain {name} is {state}");
+                return if verb == "shutdown" && state == "shutdown" {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                };
+            }
+            _ if restarted => {
+                let done = if verb == "reboot" {
+                    "rebooted"
+                } else {
+                    "shut down"
+                };
+                println!(
+                    "domain {name} has {done} and runs again (pid {})",
+                    now["pid"]
+                );
+                return ExitCode::SUCCESS;
+            }
+            _ => {}
+        }
+    }
+    fail(format!(
+        "domain {name} did not {verb} within {} s (does its guest handle the ACPI power button? `domus destroy` stops it at once)",
+        a.timeout
+    ))
+}
+
+#[derive(clap::Args)]
+pub struct MemMaxArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+    /// The most memory the domain may have: 512M, 1G, or plain MiB.
+    #[arg(value_parser = domus_vmm::config::parse_size)]
+    pub size: u64,
+}
+
+pub fn mem_max(a: MemMaxArgs) -> ExitCode {
+    let body = json!({ "maxmem_mib": a.size >> 20 }).to_string();
+    let path = format!("/v1/domains/{}/maxmem", a.domain);
+    match call(&a.state.socket(), "PUT", &path, Some(&body)) {
+        Ok(v) => {
+            if v["at_next_start"] == true {
+                println!(
+                    "domain {}: maximum {} MiB; its guest has {} MiB of RAM until its next start",
+                    v["name"].as_str().unwrap_or("?"),
+                    v["maxmem_mib"],
+                    v["ram_mib"]
+                );
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => fail(e),
     }
 }

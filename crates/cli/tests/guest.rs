@@ -1409,3 +1409,124 @@ fn daemon_50_concurrent_creates_and_destroys_leave_nothing_behind() {
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Waits until `path` contains `needle` `times` times; false after `secs`.
+fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.matches(needle).count() >= times {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+#[test]
+fn daemon_shutdown_reboot_mem_max_and_create_console() {
+    let dir = scratch("power");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let console_of = |id: u64| state.join(format!("domains/{id}/console.log"));
+    let describe = |dom: &str| -> serde_json::Value {
+        let (ok, out, err) = domus_cli(&state, &["list", "--json"]);
+        assert!(ok, "{err}");
+        let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+        l.as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == dom)
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    };
+
+    // create -c follows the console until the domain goes away.
+    let cfg = spin_config(&dir, "brief", "", "echo hello-from-the-console");
+    let (ok, out, err) = domus_cli(&state, &["create", "-c", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("hello-from-the-console"), "{out}");
+    assert!(
+        describe("brief").is_null(),
+        "on_poweroff=destroy removes it"
+    );
+
+    // shutdown -w: a guest that would run for ten minutes stops cleanly
+    // (its power button handler runs) and the domain goes away.
+    let long = "echo guest-up; sleep 600";
+    let cfg = spin_config(&dir, "down", "", long);
+    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    let id = describe("down")["id"].as_u64().unwrap();
+    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    let t = Instant::now();
+    let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "down"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("has shut down"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(describe("down").is_null());
+    let (_, log, _) = domus_cli(&state, &["dmesg"]);
+    assert!(log.contains("asked domain down to poweroff"), "{log}");
+    assert!(log.contains("domain down powered off"), "{log}");
+
+    // mem-max: below the current memory is refused with the numbers; above
+    // the guest's RAM applies from the next start, which a reboot is.
+    let cfg = spin_config(&dir, "again", "", long);
+    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    let d = describe("again");
+    let (id, pid) = (d["id"].as_u64().unwrap(), d["pid"].clone());
+    let (ok, _, err) = domus_cli(&state, &["mem-max", "again", "100"]);
+    assert!(
+        !ok && err.contains("below") && err.contains("128 MiB"),
+        "{err}"
+    );
+    let (ok, out, err) = domus_cli(&state, &["mem-max", "again", "192M"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("until its next start"), "{out}");
+    assert_eq!(describe("again")["maxmem_mib"], 192);
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus")
+        .join(format!("{}-d{id}", domus_daemon::instance_tag(&state)));
+    let memory_max = || {
+        std::fs::read_to_string(cg.join("memory.max"))
+            .map(|s| s.trim().parse::<u64>().unwrap() >> 20)
+            .ok()
+    };
+    if cg.exists() {
+        assert_eq!(
+            memory_max(),
+            Some(128 + 64),
+            "the running guest's RAM bounds it"
+        );
+    }
+
+    // reboot -w: the guest powers off through its button and the domain
+    // comes back at once in a fresh VMM (on_reboot = restart, the default),
+    // now with 192 MiB of RAM.
+    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    // The old VMM keeps writing to its unlinked file; the new one makes a
+    // fresh file, so what is found there below comes from the new boot.
+    std::fs::remove_file(console_of(id)).unwrap();
+    let (ok, out, err) = domus_cli(&state, &["reboot", "-w", "again"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("has rebooted"), "{out}");
+    let d = describe("again");
+    assert_eq!(d["state"], "running");
+    assert_ne!(d["pid"], pid);
+    assert_eq!(d["restarts"], 1);
+    assert!(d["shutdown_requested"].is_null(), "{d}");
+    assert!(
+        wait_for_text(&console_of(id), "guest-up", 1, 60),
+        "the guest boots again"
+    );
+    let (ok, long, _) = domus_cli(&state, &["list", "-l"]);
+    assert!(ok && long.contains("\"maxmem_mib\": 192"), "{long}");
+    if cg.exists() {
+        assert_eq!(memory_max(), Some(192 + 64));
+    }
+    // A domain that is not running cannot be asked to stop.
+    let (ok, _, err) = domus_cli(&state, &["shutdown", "ghost"]);
+    assert!(!ok && err.contains("ghost"), "{err}");
+    assert!(domus_cli(&state, &["destroy", "again"]).0);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

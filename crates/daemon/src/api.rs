@@ -4,7 +4,7 @@
 use domus_http::{Request, Response};
 use serde_json::{json, Map, Value};
 
-use crate::{Daemon, Error};
+use crate::{Daemon, Error, Request as Stop};
 
 pub const OPENAPI: &str = include_str!("../../../api/daemon.openapi.json");
 
@@ -18,7 +18,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/domains/{dom}"),
     ("PUT", "/v1/domains/{dom}/pause"),
     ("PUT", "/v1/domains/{dom}/unpause"),
+    ("PUT", "/v1/domains/{dom}/shutdown"),
+    ("PUT", "/v1/domains/{dom}/reboot"),
     ("PUT", "/v1/domains/{dom}/memory"),
+    ("PUT", "/v1/domains/{dom}/maxmem"),
     ("PUT", "/v1/domains/{dom}/name"),
     ("GET", "/v1/domains/{dom}/vcpus"),
     ("PUT", "/v1/domains/{dom}/vcpu-pin"),
@@ -113,6 +116,24 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .and_then(|_| d.find(dom))
             .map(|r| ok(d.describe(&r)))
             .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/shutdown" | "/v1/domains/{dom}/reboot") => {
+            let what = if ROUTES[i].1.ends_with("reboot") {
+                Stop::Reboot
+            } else {
+                Stop::PowerOff
+            };
+            d.shutdown(dom, what)
+                .and_then(|()| d.find(dom))
+                .map(|r| Response::json(202, d.describe(&r).to_string()))
+                .map_err(|e| err(&e))
+        }
+        (_, "/v1/domains/{dom}/maxmem") => body(req, &["maxmem_mib"]).and_then(|m| {
+            let t = m
+                .get("maxmem_mib")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| Response::error(400, "'maxmem_mib' must be a whole number"))?;
+            d.mem_max(dom, t).map(ok).map_err(|e| err(&e))
+        }),
         (_, "/v1/domains/{dom}/memory") => body(req, &["target_mib"]).and_then(|m| {
             let t = m
                 .get("target_mib")
@@ -247,6 +268,14 @@ mod tests {
             ("GET", "/v1/domains/ghost", "", 404),
             ("DELETE", "/v1/domains/ghost", "", 404),
             ("PUT", "/v1/domains/ghost/pause", "", 404),
+            ("PUT", "/v1/domains/ghost/shutdown", "", 404),
+            ("PUT", "/v1/domains/ghost/reboot", "", 404),
+            (
+                "PUT",
+                "/v1/domains/ghost/maxmem",
+                r#"{"maxmem_mib": -1}"#,
+                400,
+            ),
             (
                 "PUT",
                 "/v1/domains/ghost/memory",

@@ -192,9 +192,42 @@ fn alive(pid: i64, start: Option<i64>) -> bool {
 }
 
 /// What the daemon knows about a running domain beyond its row.
+#[derive(Default)]
 struct Live {
     child: Option<Child>,
     restart_at: Option<Instant>,
+    /// A shutdown or reboot asked of the guest (the power button pressed)
+    /// that has not happened yet.
+    requested: Option<Request>,
+}
+
+/// What `shutdown` and `reboot` ask of a guest. Both press its ACPI power
+/// button; a reboot then treats the power-off as a reboot (applies
+/// on_reboot), as libvirt does for guests without a reboot button.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    PowerOff,
+    Reboot,
+}
+
+impl Request {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Request::PowerOff => "poweroff",
+            Request::Reboot => "reboot",
+        }
+    }
+}
+
+/// How a domain's VMM ended, from its exit status (see `domus run --help`)
+/// and what had been asked of it.
+fn end_kind(code: Option<i32>, requested: Option<Request>) -> &'static str {
+    match (code, requested) {
+        (Some(3), _) => "rebooted",
+        (Some(0) | None, Some(Request::Reboot)) => "rebooted",
+        (Some(0), _) | (None, Some(Request::PowerOff)) => "powered off",
+        _ => "crashed",
+    }
 }
 
 pub struct Daemon {
@@ -302,13 +335,7 @@ impl Daemon {
                     self.log(&format!("removed half-created domain {}", r.name));
                 }
                 "running" if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
-                    lock(&self.live).insert(
-                        r.id,
-                        Live {
-                            child: None,
-                            restart_at: None,
-                        },
-                    );
+                    lock(&self.live).insert(r.id, Live::default());
                     self.log(&format!("found domain {} (pid {:?})", r.name, r.pid));
                 }
                 "running" => {
@@ -577,7 +604,7 @@ impl Daemon {
             r.id,
             Live {
                 child: Some(child),
-                restart_at: None,
+                ..Live::default()
             },
         );
         if c.memory_mib < c.maxmem_mib {
@@ -663,6 +690,23 @@ impl Daemon {
         Ok(v)
     }
 
+    /// Asks the guest to power off or reboot: presses its ACPI power
+    /// button and remembers the request. The domain's on_poweroff or
+    /// on_reboot action applies once the guest has stopped.
+    pub fn shutdown(&self, dom: &str, what: Request) -> Result<()> {
+        let r = self.find(dom)?;
+        self.domain_request(dom, "PUT", "/v1/domain/power-button", None)?;
+        if let Some(l) = lock(&self.live).get_mut(&r.id) {
+            l.requested = Some(what);
+        }
+        self.log(&format!(
+            "asked domain {} to {} (power button)",
+            r.name,
+            what.as_str()
+        ));
+        Ok(())
+    }
+
     pub fn mem_set(&self, dom: &str, mib: u64) -> Result<Value> {
         let r = self.find(dom)?;
         let c = self.load(&r)?;
@@ -683,6 +727,55 @@ impl Daemon {
         )?;
         lock(&self.db).set_memory(r.id, mib as i64)?;
         Ok(v)
+    }
+
+    /// mem-max: the most memory the domain may have. It bounds `mem-set` at
+    /// once and, through the group's memory.max, what the domain's
+    /// processes may use. The guest's RAM is sized when it starts, so a
+    /// maximum above it takes effect at the domain's next start.
+    pub fn mem_max(&self, dom: &str, mib: u64) -> Result<Value> {
+        let r = self.find(dom)?;
+        let mut c = self.load(&r)?;
+        if mib < 64 || mib > host_memory_mib() {
+            return Err(Error::Invalid(format!(
+                "{mib} MiB is outside 64 MiB to the host's {} MiB",
+                host_memory_mib()
+            )));
+        }
+        if mib < r.memory_mib as u64 {
+            return Err(Error::Invalid(format!(
+                "{mib} MiB is below domain {}'s current memory ({} MiB); lower that first with mem-set",
+                r.name, r.memory_mib
+            )));
+        }
+        let ram = match r.state.as_str() {
+            "running" => self
+                .domain_request(dom, "GET", "/v1/domain", None)?
+                .get("memory_mib")
+                .and_then(Value::as_u64),
+            _ => None,
+        };
+        c.maxmem_mib = mib;
+        if let Some(g) = self.cgroup_path(&r) {
+            cgroup::update(
+                &g,
+                &cgroup::Limits {
+                    weight: c.cpu_weight,
+                    cap: c.cap,
+                    cpus: c.cpus.clone(),
+                    maxmem_mib: ram.map_or(mib, |ram| ram.min(mib)),
+                },
+            )?;
+        }
+        self.remember(&r, "maxmem", &mib.to_string())?;
+        Ok(json!({
+            "id": r.id,
+            "name": r.name,
+            "maxmem_mib": mib,
+            "memory_mib": r.memory_mib,
+            "ram_mib": ram,
+            "at_next_start": ram.is_some_and(|ram| mib > ram),
+        }))
     }
 
     /// Adds `key=value` to a domain's stored overrides (replacing an
@@ -936,6 +1029,10 @@ impl Daemon {
             "io_time_s": (cpu - vcpu_time).max(0.0),
             "vcpu_tids": vcpu_tids,
             "restarts": r.restarts,
+            "shutdown_requested": lock(&self.live)
+                .get(&r.id)
+                .and_then(|l| l.requested)
+                .map(Request::as_str),
             "on_poweroff": c.as_ref().map(|c| c.on_poweroff.as_str()),
             "on_reboot": c.as_ref().map(|c| c.on_reboot.as_str()),
             "on_crash": c.as_ref().map(|c| c.on_crash.as_str()),
@@ -964,19 +1061,12 @@ impl Daemon {
     /// on_poweroff / on_reboot / on_crash action.
     fn ended(&self, r: &db::Row, code: Option<i32>) -> Result<()> {
         let c = self.load(r).ok();
-        let (why, act) = match code {
-            Some(0) => (
-                "powered off",
-                c.as_ref().map_or(Action::Destroy, |c| c.on_poweroff),
-            ),
-            Some(3) => (
-                "rebooted",
-                c.as_ref().map_or(Action::Destroy, |c| c.on_reboot),
-            ),
-            _ => (
-                "crashed",
-                c.as_ref().map_or(Action::Destroy, |c| c.on_crash),
-            ),
+        let requested = lock(&self.live).get(&r.id).and_then(|l| l.requested);
+        let why = end_kind(code, requested);
+        let act = match why {
+            "powered off" => c.as_ref().map_or(Action::Destroy, |c| c.on_poweroff),
+            "rebooted" => c.as_ref().map_or(Action::Destroy, |c| c.on_reboot),
+            _ => c.as_ref().map_or(Action::Destroy, |c| c.on_crash),
         };
         self.log(&format!(
             "domain {} {why} ({:?}): {}",
@@ -999,14 +1089,19 @@ impl Daemon {
                 Ok(())
             }
             Action::Restart => {
-                // Back off: 1 s per restart so far, at most 30 s.
-                let wait = Duration::from_secs((r.restarts as u64 + 1).min(30));
+                // A crash backs off, 1 s per restart so far, at most 30 s;
+                // a reboot or power-off restarts at once.
+                let wait = if why == "crashed" {
+                    Duration::from_secs((r.restarts as u64 + 1).min(30))
+                } else {
+                    Duration::ZERO
+                };
                 lock(&self.db).set_state(r.id, "restarting")?;
                 lock(&self.live).insert(
                     r.id,
                     Live {
-                        child: None,
                         restart_at: Some(Instant::now() + wait),
+                        ..Live::default()
                     },
                 );
                 Ok(())
@@ -1116,6 +1211,20 @@ pub fn run(state: PathBuf, reserve_mib: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn how_a_domain_ended() {
+        assert_eq!(end_kind(Some(0), None), "powered off");
+        assert_eq!(end_kind(Some(3), None), "rebooted");
+        assert_eq!(end_kind(Some(4), None), "crashed");
+        assert_eq!(end_kind(None, None), "crashed");
+        // A reboot asked for: the guest powers off, the domain reboots.
+        assert_eq!(end_kind(Some(0), Some(Request::Reboot)), "rebooted");
+        assert_eq!(end_kind(None, Some(Request::Reboot)), "rebooted");
+        assert_eq!(end_kind(None, Some(Request::PowerOff)), "powered off");
+        // A guest that panics on the way down has crashed all the same.
+        assert_eq!(end_kind(Some(4), Some(Request::PowerOff)), "crashed");
+    }
 
     #[test]
     fn stat_fields() {

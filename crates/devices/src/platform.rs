@@ -1,6 +1,12 @@
 //! The small devices a stock kernel uses to stop: the ACPI sleep and reset
 //! registers of a hardware-reduced platform, the i8042 reset line, the PCI
-//! reset control register (0xcf9) and pvpanic.
+//! reset control register (0xcf9) and pvpanic; and the one the host uses to
+//! ask it to stop: the ACPI Generic Event Device behind the power button.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::{GuestEvent, PioDevice};
 
@@ -12,6 +18,9 @@ pub const ACPI_RESET: u16 = ACPI_PM_BASE + 2;
 pub const ACPI_RESET_VALUE: u8 = 1;
 pub const I8042_BASE: u16 = 0x60;
 pub const PVPANIC_PORT: u16 = 0x505;
+/// The Generic Event Device's event port and interrupt.
+pub const GED_PORT: u16 = 0x608;
+pub const GED_GSI: u32 = 5;
 
 /// ACPI sleep control (offset 0), sleep status (1) and reset (2) registers.
 pub struct AcpiPm {
@@ -111,6 +120,47 @@ impl PioDevice for PvPanic {
     }
 }
 
+/// The host's side of the Generic Event Device: it raises events (the
+/// power button) for the guest's `_EVT` method to collect.
+pub struct GedEvents {
+    pending: AtomicU8,
+    irq: EventFd,
+}
+
+impl GedEvents {
+    /// `irq` is an eventfd wired to the GED's GSI (a KVM irqfd).
+    pub fn new(irq: EventFd) -> Arc<Self> {
+        Arc::new(Self {
+            pending: AtomicU8::new(0),
+            irq,
+        })
+    }
+
+    /// Marks `events` (bits of the event port) pending and interrupts the
+    /// guest.
+    pub fn raise(&self, events: u8) -> std::io::Result<()> {
+        self.pending.fetch_or(events, Ordering::SeqCst);
+        self.irq.write(1)
+    }
+}
+
+/// The Generic Event Device's event port: a read returns the pending events
+/// and clears them; writes are ignored.
+pub struct Ged(pub Arc<GedEvents>);
+
+impl PioDevice for Ged {
+    fn read(&mut self, offset: u16, data: &mut [u8]) {
+        data.fill(0);
+        if offset == 0 {
+            data[0] = self.0.pending.swap(0, Ordering::SeqCst);
+        }
+    }
+
+    fn write(&mut self, _offset: u16, _data: &[u8]) -> Option<GuestEvent> {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +208,22 @@ mod tests {
             Some(GuestEvent::Panic)
         );
         assert_eq!(PvPanic.write(0, &[PVPANIC_CRASH_LOADED]), None);
+    }
+
+    #[test]
+    fn ged_events_are_read_once_and_interrupt() {
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let events = GedEvents::new(irq.try_clone().unwrap());
+        let mut ged = Ged(events.clone());
+        let mut b = [0xffu8];
+        ged.read(0, &mut b);
+        assert_eq!(b[0], 0, "nothing pending");
+        events.raise(1).unwrap();
+        assert_eq!(irq.read().unwrap(), 1);
+        ged.read(0, &mut b);
+        assert_eq!(b[0], 1);
+        ged.read(0, &mut b);
+        assert_eq!(b[0], 0, "a read clears");
+        assert_eq!(ged.write(0, &[1]), None);
     }
 }

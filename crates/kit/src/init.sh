@@ -50,6 +50,8 @@ mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 hostname domus
 ip link set lo up 2>/dev/null
+# The ACPI power button (domus shutdown/reboot) runs /etc/acpi/PWRF/00000080.
+acpid -c /etc/acpi -l /run/acpid.log -p /run/acpid.pid 2>/dev/null
 if [ $# -gt 0 ]; then
     sh -c "$*"
     status=$?

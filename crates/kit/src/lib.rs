@@ -21,6 +21,9 @@ use std::process::Command;
 pub use payload::decompress_payload;
 
 const INIT: &str = include_str!("init.sh");
+/// What busybox acpid runs when the power button is pressed.
+const POWER_BUTTON: &str = include_str!("power-button.sh");
+const POWER_BUTTON_PATH: &str = "etc/acpi/PWRF/00000080";
 /// Bumped when the kit's layout changes.
 const KIT_FORMAT: u32 = 1;
 const KERNEL_META: &str = "linux-image-cloud-amd64";
@@ -35,6 +38,9 @@ pub const MODULES: &[&str] = &[
     "virtio_rng",
     "virtio_console",
     "pvpanic_mmio",
+    // The ACPI power button and the input events acpid reads from it.
+    "button",
+    "evdev",
 ];
 const ROOTFS_MIB: u64 = 64;
 
@@ -175,11 +181,12 @@ pub fn build(dir: &Path, force: bool) -> Result<Kit> {
     progress(1, "resolving packages");
     let kpkg = kernel_package()?;
     let stamp = format!(
-        "format={KIT_FORMAT}\n{kpkg}={}\n{BUSYBOX}={}\nmodules={}\ninit={:016x}\n",
+        "format={KIT_FORMAT}\n{kpkg}={}\n{BUSYBOX}={}\nmodules={}\ninit={:016x}\npower-button={:016x}\n",
         package_version(&kpkg)?,
         package_version(BUSYBOX)?,
         MODULES.join(","),
         fnv1a(INIT.as_bytes()),
+        fnv1a(POWER_BUTTON.as_bytes()),
     );
     let stamp_path = dir.join("kit.stamp");
     if !force
@@ -356,6 +363,8 @@ const DIRS: &[&str] = &[
     "usr/sbin",
     "etc",
     "etc/domus",
+    "etc/acpi",
+    "etc/acpi/PWRF",
     "lib",
     "lib/modules",
     "proc",
@@ -396,6 +405,7 @@ impl GuestTree<'_> {
             w.symlink(a, &target)?;
         }
         w.file("init", 0o755, INIT.as_bytes())?;
+        w.file(POWER_BUTTON_PATH, 0o755, POWER_BUTTON.as_bytes())?;
         w.file("etc/domus/modules", 0o644, self.module_list().as_bytes())?;
         for (name, data) in &self.modules {
             w.file(&format!("lib/modules/{name}"), 0o644, data)?;
@@ -415,9 +425,13 @@ impl GuestTree<'_> {
         for (a, target) in self.links() {
             std::os::unix::fs::symlink(target, root.join(a))?;
         }
-        for p in ["init", "sbin/domus-init"] {
+        for (p, text) in [
+            ("init", INIT),
+            ("sbin/domus-init", INIT),
+            (POWER_BUTTON_PATH, POWER_BUTTON),
+        ] {
             let f = root.join(p);
-            std::fs::write(&f, INIT)?;
+            std::fs::write(&f, text)?;
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755))?;
         }
         std::fs::write(root.join("etc/domus/modules"), self.module_list())?;

@@ -1,5 +1,6 @@
 //! The per-domain REST API (`domus run --api-socket PATH`): domain info and
-//! state, pause and resume, device counters and rate limits, the balloon.
+//! state, pause and resume, the ACPI power button, device counters and rate
+//! limits, the balloon.
 //!
 //! The routes are listed once, in [`ROUTES`]; the dispatcher matches
 //! against that list and a unit test checks it against the committed
@@ -10,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
 use domus_virtio::balloon::BalloonHandle;
 use domus_virtio::ratelimit::{Limits, Shared};
@@ -17,6 +19,7 @@ use domus_virtio::Stats;
 use serde_json::{json, Map, Value};
 
 use crate::pause::Pause;
+use domus_boot::acpi::GED_POWER_BUTTON;
 
 /// The OpenAPI document of this API, as committed.
 pub const OPENAPI: &str = include_str!("../../../api/domain.openapi.json");
@@ -30,6 +33,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/domain"),
     ("PUT", "/v1/domain/pause"),
     ("PUT", "/v1/domain/resume"),
+    ("PUT", "/v1/domain/power-button"),
     ("GET", "/v1/devices"),
     ("GET", "/v1/devices/{id}"),
     ("PUT", "/v1/devices/{id}/rate-limit"),
@@ -58,6 +62,8 @@ pub struct Domain {
     pub pause: Arc<Pause>,
     pub devices: Vec<Device>,
     pub balloon: Option<Arc<BalloonHandle>>,
+    /// Presses the ACPI power button.
+    pub events: Arc<GedEvents>,
 }
 
 fn ok(v: Value) -> Response {
@@ -245,6 +251,16 @@ impl Domain {
                 self.pause.resume();
                 Ok(ok(self.info()))
             }
+            "/v1/domain/power-button" => match self.events.raise(GED_POWER_BUTTON) {
+                Ok(()) => Ok(Response::json(
+                    202,
+                    json!({"pressed": "power-button"}).to_string(),
+                )),
+                Err(e) => Err(Response::error(
+                    500,
+                    &format!("interrupting the guest: {e}"),
+                )),
+            },
             "/v1/devices" => Ok(ok(Value::Array(
                 self.devices.iter().map(Self::device_json).collect(),
             ))),
@@ -296,6 +312,9 @@ mod tests {
                 limiter: Some(Arc::new(Shared::new(Limits::default()).unwrap())),
             }],
             balloon: Some(Arc::new(BalloonHandle::new().unwrap())),
+            events: GedEvents::new(
+                vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            ),
         }
     }
 
@@ -423,5 +442,17 @@ mod tests {
         assert_eq!(body(&r)["state"], "paused");
         let r = d.handle(&req("PUT", "/v1/domain/resume", ""));
         assert_eq!(body(&r)["state"], "running");
+    }
+
+    #[test]
+    fn the_power_button_raises_a_guest_event() {
+        let d = domain();
+        let r = d.handle(&req("PUT", "/v1/domain/power-button", ""));
+        assert_eq!(r.status, 202);
+        let mut ged = domus_devices::platform::Ged(d.events.clone());
+        let mut b = [0u8];
+        domus_devices::PioDevice::read(&mut ged, 0, &mut b);
+        assert_eq!(b[0], GED_POWER_BUTTON);
+        assert_eq!(d.handle(&req("GET", "/v1/domain/power-button", "")).status, 405);
     }
 }

@@ -8,7 +8,7 @@ use domus_boot::acpi::{self, AcpiConfig};
 use domus_boot::layout::{self, ACPI_START, CMDLINE_ADDR, KVM_TSS_ADDR, ZERO_PAGE_ADDR};
 use domus_boot::{kernel, longmode, params};
 use domus_devices::pci::{self, PciBus};
-use domus_devices::platform::{self, AcpiPm, PvPanic, I8042};
+use domus_devices::platform::{self, AcpiPm, Ged, GedEvents, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
 use domus_virtio::balloon::{Balloon, BalloonHandle};
@@ -152,6 +152,8 @@ fn write_boot_data(
         pci_config_port: pci::PCI_CONFIG_BASE,
         pci_mmio_base: layout::PCI_MMIO_BASE,
         pci_mmio_len: layout::PCI_MMIO_LEN,
+        ged_port: platform::GED_PORT,
+        ged_gsi: platform::GED_GSI,
     });
     mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
     mem.write_slice(
@@ -293,7 +295,11 @@ fn pci_bus(
 }
 
 /// The port I/O bus with COM1 and the platform devices.
-fn platform_bus(serial: Arc<Mutex<SerialDevice>>, pci: Arc<PciBus>) -> Result<PioBus> {
+fn platform_bus(
+    serial: Arc<Mutex<SerialDevice>>,
+    events: Arc<GedEvents>,
+    pci: Arc<PciBus>,
+) -> Result<PioBus> {
     let mut bus = PioBus::new();
     let s5 = acpi::S5_SLEEP_TYPE;
     let overlap = |e: domus_devices::bus::Overlap| Error::Io("port bus", std::io::Error::other(e));
@@ -307,6 +313,8 @@ fn platform_bus(serial: Arc<Mutex<SerialDevice>>, pci: Arc<PciBus>) -> Result<Pi
     )
     .map_err(overlap)?;
     bus.insert(platform::PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic)))
+        .map_err(overlap)?;
+    bus.insert(platform::GED_PORT, 1, Arc::new(Mutex::new(Ged(events))))
         .map_err(overlap)?;
     bus.insert(
         pci::PCI_CONFIG_BASE,
@@ -369,12 +377,16 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         irq,
         console::output(&cfg.console)?,
     )));
+    let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
+    vm.register_irqfd(&ged_irq, platform::GED_GSI)
+        .map_err(kvm_err("KVM_IRQFD"))?;
+    let events = GedEvents::new(ged_irq);
     let irqs = Arc::new(KvmIrqs::new(vm.clone()));
     let devices = virtio_devices(cfg)?;
     let names: Vec<String> = devices.api.iter().map(|d| d.id.clone()).collect();
     let pci = Arc::new(pci_bus(devices.virtio, &names, &mem, &irqs)?);
     let bus = Buses {
-        pio: platform_bus(serial.clone(), pci.clone())?,
+        pio: platform_bus(serial.clone(), events.clone(), pci.clone())?,
         pci,
     };
 
@@ -419,6 +431,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             pause: pause.clone(),
             devices: devices.api,
             balloon: devices.balloon,
+            events,
         };
         domus_http::spawn_server("api", listener, Arc::new(move |r| domain.handle(r)))
             .map_err(|e| Error::Io("starting the API thread", e))?;
