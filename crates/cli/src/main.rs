@@ -72,6 +72,12 @@ enum Command {
     /// Set the most memory a domain may have (bounds mem-set and its cgroup).
     #[command(name = "mem-max")]
     MemMax(xl::MemMaxArgs),
+    /// A running domain's disks with their counters.
+    #[command(name = "block-list")]
+    BlockList(xl::DeviceListArgs),
+    /// A running domain's network interfaces with their counters.
+    #[command(name = "network-list")]
+    NetworkList(xl::DeviceListArgs),
     /// Host and daemon facts.
     Info(xl::InfoArgs),
     /// Give a domain a new name.
@@ -298,6 +304,8 @@ fn main() -> ExitCode {
         Command::Unpause(a) => xl::simple("unpause", a),
         Command::MemSet(a) => xl::mem_set(a),
         Command::MemMax(a) => xl::mem_max(a),
+        Command::BlockList(a) => xl::device_list("block", a),
+        Command::NetworkList(a) => xl::device_list("net", a),
         Command::Info(a) => xl::info(a),
         Command::Rename(a) => xl::rename(a),
         Command::VcpuList(a) => xl::vcpu_list(a),

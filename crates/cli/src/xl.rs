@@ -675,3 +675,85 @@ pub fn console(a: ConsoleArgs) -> ExitCode {
         }
     }
 }
+
+#[derive(clap::Args)]
+pub struct DeviceListArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn mib(v: &Value) -> f64 {
+    v.as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64
+}
+
+/// block-list and network-list: a running domain's disks or interfaces with
+/// their counters.
+pub fn device_list(kind: &str, a: DeviceListArgs) -> ExitCode {
+    let path = format!("/v1/domains/{}/devices", a.domain);
+    let all = match call(&a.state.socket(), "GET", &path, None) {
+        Ok(v) => v,
+        Err(e) => return fail(e),
+    };
+    let devs: Vec<&Value> = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["type"] == kind)
+        .collect();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&devs).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    if kind == "block" {
+        println!(
+            "{:<6} {:<4} {:>9} {:>9} {:>9} {:>9} {:>6}  Path",
+            "Vdev", "Mode", "ReadOps", "Read(MiB)", "WriteOps", "Write(MiB)", "Errors"
+        );
+        for d in devs {
+            let c = &d["counters"];
+            println!(
+                "{:<6} {:<4} {:>9} {:>9.1} {:>9} {:>9.1} {:>6}  {}",
+                d["id"].as_str().unwrap_or("?"),
+                if d["info"]["read_only"] == true {
+                    "ro"
+                } else {
+                    "rw"
+                },
+                c["read_ops"],
+                mib(&c["read_bytes"]),
+                c["write_ops"],
+                mib(&c["write_bytes"]),
+                c["errors"],
+                d["info"]["path"].as_str().unwrap_or("?")
+            );
+        }
+    } else {
+        println!(
+            "{:<5} {:<16} {:<17} {:>9} {:>8} {:>9} {:>8} {:>7}",
+            "Idx", "Tap", "MAC", "RxPkts", "Rx(MiB)", "TxPkts", "Tx(MiB)", "Dropped"
+        );
+        for d in devs {
+            let c = &d["counters"];
+            println!(
+                "{:<5} {:<16} {:<17} {:>9} {:>8.1} {:>9} {:>8.1} {:>7}",
+                d["id"].as_str().unwrap_or("?").trim_start_matches("net"),
+                d["info"]["tap"].as_str().unwrap_or("?"),
+                d["info"]["mac"].as_str().unwrap_or("?"),
+                c["rx_packets"],
+                mib(&c["rx_bytes"]),
+                c["tx_packets"],
+                mib(&c["tx_bytes"]),
+                c["rx_dropped"].as_u64().unwrap_or(0) + c["tx_dropped"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1424,7 +1424,7 @@ fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) 
 }
 
 #[test]
-fn daemon_shutdown_reboot_mem_max_and_create_console() {
+fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     let dir = scratch("power");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);
@@ -1470,8 +1470,18 @@ fn daemon_shutdown_reboot_mem_max_and_create_console() {
 
     // mem-max: below the current memory is refused with the numbers; above
     // the guest's RAM applies from the next start, which a reboot is.
-    let cfg = spin_config(&dir, "again", "", long);
-    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    let img = image(&dir, "again.img", 8);
+    let cfg = spin_config(
+        &dir,
+        "again",
+        &format!(
+            "disk = ['{},raw,xvda,rw']\nvif = ['mac=52:54:00:12:34:56']",
+            img.display()
+        ),
+        &format!("head -c 65536 /dev/vda > /dev/null; {long}"),
+    );
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
     let d = describe("again");
     let (id, pid) = (d["id"].as_u64().unwrap(), d["pid"].clone());
     let (ok, _, err) = domus_cli(&state, &["mem-max", "again", "100"]);
@@ -1498,10 +1508,31 @@ fn daemon_shutdown_reboot_mem_max_and_create_console() {
         );
     }
 
+    // block-list and network-list show the disk (the guest read 64 KiB of
+    // it) and the interface.
+    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    let (ok, out, err) = domus_cli(&state, &["block-list", "again", "--json"]);
+    assert!(ok, "{err}");
+    let disks: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(disks.as_array().unwrap().len(), 1, "{disks}");
+    assert_eq!(disks[0]["id"], "vda");
+    assert!(
+        disks[0]["counters"]["read_bytes"].as_u64().unwrap() >= 65536,
+        "{disks}"
+    );
+    let (ok, out, _) = domus_cli(&state, &["block-list", "again"]);
+    assert!(
+        ok && out.contains("vda") && out.contains("again.img"),
+        "{out}"
+    );
+    let (ok, out, _) = domus_cli(&state, &["network-list", "again"]);
+    assert!(ok && out.contains("52:54:00:12:34:56"), "{out}");
+    let (ok, _, err) = domus_cli(&state, &["block-list", "ghost"]);
+    assert!(!ok && err.contains("ghost"), "{err}");
+
     // reboot -w: the guest powers off through its button and the domain
     // comes back at once in a fresh VMM (on_reboot = restart, the default),
     // now with 192 MiB of RAM.
-    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
     // The old VMM keeps writing to its unlinked file; the new one makes a
     // fresh file, so what is found there below comes from the new boot.
     std::fs::remove_file(console_of(id)).unwrap();

@@ -23,6 +23,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/memory"),
     ("PUT", "/v1/domains/{dom}/maxmem"),
     ("PUT", "/v1/domains/{dom}/name"),
+    ("GET", "/v1/domains/{dom}/devices"),
     ("GET", "/v1/domains/{dom}/vcpus"),
     ("PUT", "/v1/domains/{dom}/vcpu-pin"),
     ("GET", "/v1/domains/{dom}/sched"),
@@ -151,6 +152,10 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|r| ok(d.describe(&r)))
                 .map_err(|e| err(&e))
         }),
+        (_, "/v1/domains/{dom}/devices") => d
+            .domain_request(dom, "GET", "/v1/devices", None)
+            .map(ok)
+            .map_err(|e| err(&e)),
         (_, "/v1/domains/{dom}/vcpus") => d
             .vcpus(dom)
             .map(|v| ok(Value::Array(v)))
@@ -269,6 +274,7 @@ mod tests {
             ("DELETE", "/v1/domains/ghost", "", 404),
             ("PUT", "/v1/domains/ghost/pause", "", 404),
             ("PUT", "/v1/domains/ghost/shutdown", "", 404),
+            ("GET", "/v1/domains/ghost/devices", "", 404),
             ("PUT", "/v1/domains/ghost/reboot", "", 404),
             (
                 "PUT",

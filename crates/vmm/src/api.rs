@@ -453,6 +453,9 @@ mod tests {
         let mut b = [0u8];
         domus_devices::PioDevice::read(&mut ged, 0, &mut b);
         assert_eq!(b[0], GED_POWER_BUTTON);
-        assert_eq!(d.handle(&req("GET", "/v1/domain/power-button", "")).status, 405);
+        assert_eq!(
+            d.handle(&req("GET", "/v1/domain/power-button", "")).status,
+            405
+        );
     }
 }
