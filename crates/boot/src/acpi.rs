@@ -33,10 +33,75 @@ pub struct AcpiConfig {
     /// by the read) and its interrupt (edge-triggered GSI).
     pub ged_port: u16,
     pub ged_gsi: u32,
+    /// The PCI hot-plug registers (PCIU, PCID, PCEJ: three dwords).
+    pub pci_hotplug_port: u16,
 }
 
 /// Bits of the Generic Event Device's event port.
 pub const GED_POWER_BUTTON: u8 = 1;
+pub const GED_PCI_HOTPLUG: u8 = 2;
+
+/// PCI slots 1..=31 can be hot-plugged.
+const HOTPLUG_SLOTS: std::ops::RangeInclusive<u32> = 1..=31;
+
+/// The root bridge's contents: its resources, and ACPI PCI hot-plug. Each
+/// slot is a device with an `_EJ0`, so the guest's acpiphp driver manages
+/// it. `PCNT` (run by the GED's `_EVT`) reads two bitmaps of slots from
+/// the hot-plug ports, PCIU (a device arrived) and PCID (the host wants it
+/// removed), and notifies those slots with Device Check (1) or Eject
+/// Request (3). A slot's `_EJ0` writes its bit to PCEJ once the guest has
+/// let go of the device.
+fn pci0(cfg: &AcpiConfig) -> Vec<Vec<u8>> {
+    let mut c = vec![
+        aml::name("_HID", aml::string("PNP0A03")),
+        aml::name("_UID", aml::integer(0)),
+        aml::name("_SEG", aml::integer(0)),
+        aml::name("_BBN", aml::integer(0)),
+        aml::name(
+            "_CRS",
+            aml::pci_root_resources(cfg.pci_config_port, cfg.pci_mmio_base, cfg.pci_mmio_len),
+        ),
+        aml::io_region("PCHP", cfg.pci_hotplug_port, 12),
+        aml::field(
+            "PCHP",
+            aml::DWORD_ACC,
+            &[("PCIU", 32), ("PCID", 32), ("PCEJ", 32)],
+        ),
+    ];
+    let slot = |s: u32| format!("S{s:02X}");
+    let mut pcnt = vec![
+        aml::store(aml::name_string("PCIU"), aml::local(0)),
+        aml::store(aml::name_string("PCID"), aml::local(1)),
+    ];
+    for s in HOTPLUG_SLOTS {
+        pcnt.push(aml::if_and(
+            aml::local(0),
+            1 << s,
+            &[aml::notify(&slot(s), 1)],
+        ));
+        pcnt.push(aml::if_and(
+            aml::local(1),
+            1 << s,
+            &[aml::notify(&slot(s), 3)],
+        ));
+    }
+    c.push(aml::method("PCNT", 0, &pcnt));
+    for s in HOTPLUG_SLOTS {
+        c.push(aml::device(
+            &slot(s),
+            &[
+                aml::name("_ADR", aml::integer(u64::from(s) << 16)),
+                aml::name("_SUN", aml::integer(s.into())),
+                aml::method(
+                    "_EJ0",
+                    1,
+                    &[aml::store(aml::integer(1 << s), aml::name_string("PCEJ"))],
+                ),
+            ],
+        ));
+    }
+    c
+}
 
 /// The `SLP_TYP` value `_S5_` announces; the guest writes it to the sleep
 /// control register (bits 2..4, with `SLP_EN`, bit 5) to power off.
@@ -126,23 +191,7 @@ fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
             ),
             // The PCI root bridge: conventional PCI, config mechanism #1,
             // one bus. Devices use MSI-X only, so there is no _PRT.
-            aml::device(
-                "PCI0",
-                &[
-                    aml::name("_HID", aml::string("PNP0A03")),
-                    aml::name("_UID", aml::integer(0)),
-                    aml::name("_SEG", aml::integer(0)),
-                    aml::name("_BBN", aml::integer(0)),
-                    aml::name(
-                        "_CRS",
-                        aml::pci_root_resources(
-                            cfg.pci_config_port,
-                            cfg.pci_mmio_base,
-                            cfg.pci_mmio_len,
-                        ),
-                    ),
-                ],
-            ),
+            aml::device("PCI0", &pci0(cfg)),
             // The power button, notified by the GED's _EVT.
             aml::device(
                 "PWRB",
@@ -158,15 +207,21 @@ fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
                     aml::name("_UID", aml::integer(0)),
                     aml::name("_CRS", aml::edge_interrupt(cfg.ged_gsi)),
                     aml::io_region("GEDR", cfg.ged_port, 1),
-                    aml::byte_field("GEDR", "GEVT", 8),
+                    aml::field("GEDR", aml::BYTE_ACC, &[("GEVT", 8)]),
                     aml::method(
                         "_EVT",
                         1,
                         &[
-                            aml::store_to_local0("GEVT"),
-                            aml::if_local0_has(
+                            aml::store(aml::name_string("GEVT"), aml::local(0)),
+                            aml::if_and(
+                                aml::local(0),
                                 GED_POWER_BUTTON.into(),
                                 &[aml::notify("PWRB", 0x80)],
+                            ),
+                            aml::if_and(
+                                aml::local(0),
+                                GED_PCI_HOTPLUG.into(),
+                                &[aml::call("\\_SB.PCI0.PCNT")],
                             ),
                         ],
                     ),
@@ -265,6 +320,7 @@ mod tests {
             pci_mmio_len: 0x2000_0000,
             ged_port: 0x608,
             ged_gsi: 5,
+            pci_hotplug_port: 0x610,
         }
     }
 

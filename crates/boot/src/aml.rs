@@ -33,17 +33,29 @@ pub fn name_seg(name: &str) -> [u8; 4] {
     seg
 }
 
-/// A NameString: an optional root prefix `\` and one name segment.
+/// A NameString: an optional root prefix `\` and one or more name
+/// segments separated by dots (`\_SB.PCI0.PCNT`).
 pub fn name_string(path: &str) -> Vec<u8> {
     let mut out = Vec::new();
-    let seg = match path.strip_prefix('\\') {
+    let rest = match path.strip_prefix('\\') {
         Some(rest) => {
             out.push(b'\\');
             rest
         }
         None => path,
     };
-    out.extend_from_slice(&name_seg(seg));
+    let segs: Vec<&str> = rest.split('.').collect();
+    match segs.len() {
+        1 => {}
+        2 => out.push(0x2e), // DualNamePrefix
+        n => {
+            out.push(0x2f); // MultiNamePrefix
+            out.push(n as u8);
+        }
+    }
+    for seg in segs {
+        out.extend_from_slice(&name_seg(seg));
+    }
     out
 }
 
@@ -187,14 +199,20 @@ pub fn io_region(name: &str, port: u16, len: u8) -> Vec<u8> {
     o
 }
 
-/// `Field(region, ByteAcc, NoLock, Preserve) { name, bits }`: one field unit
-/// at the start of the region.
-pub fn byte_field(region: &str, name: &str, bits: u8) -> Vec<u8> {
-    assert!(bits < 0x40, "field of {bits} bits");
+/// Field access widths.
+pub const BYTE_ACC: u8 = 1;
+pub const DWORD_ACC: u8 = 3;
+
+/// `Field(region, access, NoLock, Preserve) { name, bits, ... }`: field
+/// units one after the other from the start of the region.
+pub fn field(region: &str, access: u8, units: &[(&str, u8)]) -> Vec<u8> {
     let mut body = name_string(region);
-    body.push(0x01); // ByteAcc, NoLock, Preserve
-    body.extend_from_slice(&name_seg(name));
-    body.push(bits);
+    body.push(access); // NoLock, Preserve: the other bits 0
+    for (name, bits) in units {
+        assert!(*bits < 0x40, "field unit of {bits} bits");
+        body.extend_from_slice(&name_seg(name));
+        body.push(*bits);
+    }
     let mut o = vec![0x5b, 0x81];
     o.extend(pkg_length(body.len()));
     o.extend(body);
@@ -215,20 +233,25 @@ pub fn method(name: &str, args: u8, body: &[Vec<u8>]) -> Vec<u8> {
     o
 }
 
-/// `Local0` as an operand.
-pub const LOCAL0: u8 = 0x60;
+/// `LocalN` as an operand.
+pub fn local(n: u8) -> Vec<u8> {
+    assert!(n < 8);
+    vec![0x60 + n]
+}
 
-/// `Store(name, Local0)`: reads a named object (a field: an I/O read).
-pub fn store_to_local0(source: &str) -> Vec<u8> {
+/// `Store(source, target)`; both are encoded terms (a name, a local, an
+/// integer for the source).
+pub fn store(source: Vec<u8>, target: Vec<u8>) -> Vec<u8> {
     let mut o = vec![0x70];
-    o.extend(name_string(source));
-    o.push(LOCAL0);
+    o.extend(source);
+    o.extend(target);
     o
 }
 
-/// `If (And(Local0, mask)) { body }`.
-pub fn if_local0_has(mask: u64, body: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = vec![0x7b, LOCAL0];
+/// `If (And(operand, mask)) { body }`.
+pub fn if_and(operand: Vec<u8>, mask: u64, body: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = vec![0x7b];
+    b.extend(operand);
     b.extend(integer(mask));
     b.push(0x00); // no target
     for s in body {
@@ -238,6 +261,11 @@ pub fn if_local0_has(mask: u64, body: &[Vec<u8>]) -> Vec<u8> {
     o.extend(pkg_length(b.len()));
     o.extend(b);
     o
+}
+
+/// A call of a method that takes no arguments.
+pub fn call(path: &str) -> Vec<u8> {
+    name_string(path)
 }
 
 /// `Notify(object, value)`.
@@ -321,6 +349,16 @@ mod tests {
     #[test]
     fn root_scope_name() {
         assert_eq!(name_string("\\_SB"), vec![b'\\', b'_', b'S', b'B', b'_']);
+    }
+
+    #[test]
+    fn multi_segment_names() {
+        assert_eq!(name_string("\\_SB.PCI0"), b"\\\x2e_SB_PCI0".to_vec());
+        assert_eq!(
+            name_string("\\_SB.PCI0.PCNT"),
+            b"\\\x2f\x03_SB_PCI0PCNT".to_vec()
+        );
+        assert_eq!(name_string("S01"), b"S01_".to_vec());
     }
 
     #[test]

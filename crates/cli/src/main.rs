@@ -75,6 +75,18 @@ enum Command {
     /// A running domain's disks with their counters.
     #[command(name = "block-list")]
     BlockList(xl::DeviceListArgs),
+    /// Hot-plug a disk into a running domain (kept in its configuration).
+    #[command(name = "block-attach")]
+    BlockAttach(xl::AttachArgs),
+    /// Hot-unplug a disk: the guest lets go of it, then it leaves.
+    #[command(name = "block-detach")]
+    BlockDetach(xl::DetachArgs),
+    /// Hot-plug a network interface (a new tap on the vif's bridge).
+    #[command(name = "network-attach")]
+    NetworkAttach(xl::AttachArgs),
+    /// Hot-unplug a network interface, by index or MAC.
+    #[command(name = "network-detach")]
+    NetworkDetach(xl::DetachArgs),
     /// A running domain's network interfaces with their counters.
     #[command(name = "network-list")]
     NetworkList(xl::DeviceListArgs),
@@ -305,6 +317,10 @@ fn main() -> ExitCode {
         Command::MemSet(a) => xl::mem_set(a),
         Command::MemMax(a) => xl::mem_max(a),
         Command::BlockList(a) => xl::device_list("block", a),
+        Command::BlockAttach(a) => xl::attach("block-attach", a),
+        Command::BlockDetach(a) => xl::detach("block-detach", a),
+        Command::NetworkAttach(a) => xl::attach("network-attach", a),
+        Command::NetworkDetach(a) => xl::detach("network-detach", a),
         Command::NetworkList(a) => xl::device_list("net", a),
         Command::Info(a) => xl::info(a),
         Command::Rename(a) => xl::rename(a),

@@ -1561,3 +1561,142 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn daemon_hot_plugs_disks_and_interfaces() {
+    let dir = scratch("hotplug");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let br = format!("dhp{}", std::process::id() % 100_000);
+    let _bridge = Bridge::new(&br, "10.81.0.1/24", &[]);
+    let img = dir.join("data.img");
+    let mut data = b"domus-hotplug-ok".to_vec();
+    data.resize(1 << 20, 0);
+    std::fs::write(&img, &data).unwrap();
+    // The guest reports each second the disks it sees (with their first
+    // bytes) and whether a ping to the host goes through eth0.
+    let cmd =
+        "while :; do for d in /dev/vd?; do [ -b $d ] && echo \"seen $d $(head -c 16 $d)\"; done; \
+               if [ -e /sys/class/net/eth0 ]; then ip addr add 10.81.0.2/24 dev eth0 2>/dev/null; \
+               ip link set eth0 up; ping -c1 -W1 10.81.0.1 >/dev/null 2>&1 && echo net-ok; fi; \
+               echo tick; sleep 1; done";
+    let k = kit();
+    let cfg = dir.join("hp.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = 'hp'\nmemory = 128\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 domus.cmd={}'\n",
+            k.kernel.display(),
+            k.initrd.display(),
+            base64(cmd)
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let (_, l, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&l).unwrap();
+    let id = l[1]["id"].as_u64().unwrap();
+    let console = state.join(format!("domains/{id}/console.log"));
+    let fresh = || {
+        // Only what the guest prints from now on counts.
+        std::fs::read_to_string(&console).unwrap_or_default().len()
+    };
+    let seen_after = |from: usize, needle: &str, secs: u64| {
+        let end = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < end {
+            let t = std::fs::read_to_string(&console).unwrap_or_default();
+            if t.get(from..).is_some_and(|t| t.contains(needle)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    };
+    assert!(seen_after(0, "tick", 60), "the guest runs");
+
+    // block-attach: the disk appears in the guest with its data, and in
+    // block-list.
+    let spec = format!("{},raw,xvda,ro", img.display());
+    let (ok, out, err) = domus_cli(&state, &["block-attach", "hp", &spec]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("attached vda"), "{out}");
+    assert!(
+        seen_after(0, "seen /dev/vda domus-hotplug-ok", 30),
+        "{}",
+        std::fs::read_to_string(&console).unwrap_or_default()
+    );
+    let (_, out, _) = domus_cli(&state, &["block-list", "hp"]);
+    assert!(out.contains("vda") && out.contains("ro"), "{out}");
+    let (ok, _, err) = domus_cli(&state, &["block-attach", "hp", "relative.img,raw,xvdb,rw"]);
+    assert!(!ok && err.contains("absolute"), "{err}");
+
+    // network-attach: eth0 appears and reaches the host over the bridge.
+    let (ok, out, err) = domus_cli(
+        &state,
+        &[
+            "network-attach",
+            "hp",
+            &format!("bridge={br}"),
+            "mac=52:54:00:0a:0b:0c",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(
+        seen_after(0, "net-ok", 30),
+        "the hot-plugged interface carries traffic"
+    );
+    let (_, out, _) = domus_cli(&state, &["network-list", "hp"]);
+    assert!(out.contains("52:54:00:0a:0b:0c"), "{out}");
+
+    // block-detach: the guest lets go and the disk leaves the guest, the
+    // VMM and block-list.
+    let (ok, out, err) = domus_cli(&state, &["block-detach", "hp", "vda"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("detached vda"), "{out}");
+    let from = fresh();
+    assert!(seen_after(from, "tick", 10));
+    let from = fresh();
+    assert!(seen_after(from, "tick", 10));
+    let t = std::fs::read_to_string(&console).unwrap();
+    assert!(
+        !t[from..].contains("seen /dev/vda"),
+        "the guest still sees vda"
+    );
+    let (_, out, _) = domus_cli(&state, &["block-list", "hp", "--json"]);
+    assert_eq!(out.trim(), "[]");
+
+    // network-detach by MAC: the interface and, soon after, its tap go.
+    let (ok, out, err) = domus_cli(&state, &["network-detach", "hp", "52:54:00:0a:0b:0c"]);
+    assert!(ok, "{out}{err}");
+    let tap = format!("dm{}{id}n0", domus_daemon::instance_tag(&state));
+    let end = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new("/sys/class/net").join(&tap).exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !std::path::Path::new("/sys/class/net").join(&tap).exists(),
+        "tap {tap} left"
+    );
+    let (_, out, _) = domus_cli(&state, &["network-list", "hp", "--json"]);
+    assert_eq!(out.trim(), "[]");
+    let (ok, _, err) = domus_cli(&state, &["network-detach", "hp", "3"]);
+    assert!(!ok && err.contains("net3"), "{err}");
+
+    // After a reboot the configuration has neither (both were detached),
+    // and a disk attached now comes back.
+    let (ok, _, err) = domus_cli(&state, &["block-attach", "hp", &spec]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = domus_cli(&state, &["reboot", "-w", "hp"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = domus_cli(&state, &["block-list", "hp", "--json"]);
+    assert!(ok, "{err}");
+    let disks: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(disks.as_array().unwrap().len(), 1, "{disks}");
+    let (_, out, _) = domus_cli(&state, &["network-list", "hp", "--json"]);
+    assert_eq!(out.trim(), "[]");
+    assert!(domus_cli(&state, &["destroy", "hp"]).0);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -24,6 +24,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/maxmem"),
     ("PUT", "/v1/domains/{dom}/name"),
     ("GET", "/v1/domains/{dom}/devices"),
+    ("PUT", "/v1/domains/{dom}/block-attach"),
+    ("PUT", "/v1/domains/{dom}/block-detach"),
+    ("PUT", "/v1/domains/{dom}/network-attach"),
+    ("PUT", "/v1/domains/{dom}/network-detach"),
     ("GET", "/v1/domains/{dom}/vcpus"),
     ("PUT", "/v1/domains/{dom}/vcpu-pin"),
     ("GET", "/v1/domains/{dom}/sched"),
@@ -156,6 +160,38 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .domain_request(dom, "GET", "/v1/devices", None)
             .map(ok)
             .map_err(|e| err(&e)),
+        (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
+            body(req, &["spec"]).and_then(|m| {
+                let spec = match m.get("spec") {
+                    Some(Value::String(s)) => s.as_str(),
+                    None | Some(Value::Null) if verb.ends_with("network-attach") => "",
+                    _ => return Err(Response::error(400, "'spec' must be a string")),
+                };
+                let r = if verb.ends_with("block-attach") {
+                    d.block_attach(dom, spec)
+                } else {
+                    d.network_attach(dom, spec)
+                };
+                r.map(|v| Response::json(201, v.to_string()))
+                    .map_err(|e| err(&e))
+            })
+        }
+        (_, verb @ ("/v1/domains/{dom}/block-detach" | "/v1/domains/{dom}/network-detach")) => {
+            body(req, &["id"]).and_then(|m| {
+                let id = match m.get("id") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => return Err(Response::error(400, "'id' must be a string or a number")),
+                };
+                let r = if verb.ends_with("block-detach") {
+                    d.block_detach(dom, &id)
+                } else {
+                    d.network_detach(dom, &id)
+                };
+                r.map(|v| Response::json(202, v.to_string()))
+                    .map_err(|e| err(&e))
+            })
+        }
         (_, "/v1/domains/{dom}/vcpus") => d
             .vcpus(dom)
             .map(|v| ok(Value::Array(v)))
@@ -275,6 +311,30 @@ mod tests {
             ("PUT", "/v1/domains/ghost/pause", "", 404),
             ("PUT", "/v1/domains/ghost/shutdown", "", 404),
             ("GET", "/v1/domains/ghost/devices", "", 404),
+            (
+                "PUT",
+                "/v1/domains/ghost/block-attach",
+                r#"{"spec": 3}"#,
+                400,
+            ),
+            (
+                "PUT",
+                "/v1/domains/ghost/block-attach",
+                r#"{"spec": "x,raw"}"#,
+                404,
+            ),
+            (
+                "PUT",
+                "/v1/domains/ghost/block-detach",
+                r#"{"id": "vda"}"#,
+                404,
+            ),
+            (
+                "PUT",
+                "/v1/domains/ghost/network-detach",
+                r#"{"idx": 0}"#,
+                400,
+            ),
             ("PUT", "/v1/domains/ghost/reboot", "", 404),
             (
                 "PUT",

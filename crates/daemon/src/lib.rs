@@ -617,8 +617,12 @@ impl Daemon {
     /// Removes everything of a domain: taps, cgroup, files, row.
     fn cleanup(&self, r: &db::Row) -> Result<()> {
         let c = self.load(r).ok();
-        for i in 0..c.as_ref().map_or(8, |c| c.vifs.len()) {
-            let _ = ip(&["link", "del", &self.tap_name(r.id, i)]);
+        let n = c.as_ref().map_or(0, |c| c.vifs.len());
+        let mut taps: Vec<String> = (0..n).map(|i| self.tap_name(r.id, i)).collect();
+        taps.extend(self.taps(r.id));
+        taps.dedup();
+        for t in taps {
+            let _ = ip(&["link", "del", &t]);
         }
         if let Some(base) = &self.cgroup_base {
             cgroup::remove(base, &self.cgroup_name(r.id));
@@ -776,6 +780,217 @@ impl Daemon {
             "ram_mib": ram,
             "at_next_start": ram.is_some_and(|ram| mib > ram),
         }))
+    }
+
+    /// block-attach: hot-plugs a disk (an xl disk spec) into the running
+    /// domain and adds it to the domain's configuration, so that it is
+    /// there after a reboot too.
+    pub fn block_attach(&self, dom: &str, spec: &str) -> Result<Value> {
+        let r = self.find(dom)?;
+        let disk = domus_xlcfg::parse_disk(spec).map_err(Error::Invalid)?;
+        if !disk.path.is_absolute() {
+            return Err(Error::Invalid(format!(
+                "give the disk's absolute path, not {}",
+                disk.path.display()
+            )));
+        }
+        let c = self.load(&r)?;
+        let mut specs: Vec<String> = c.disks.iter().map(|d| d.spec()).collect();
+        specs.push(disk.spec());
+        let list = domus_xlcfg::list_value(&specs)
+            .ok_or_else(|| Error::Invalid("a disk path cannot hold quotes".into()))?;
+        let vmm_spec = format!(
+            "{}{}",
+            disk.path.display(),
+            if disk.read_only { ",ro" } else { "" }
+        );
+        let dev = self.domain_request(
+            dom,
+            "POST",
+            "/v1/devices",
+            Some(&json!({ "disk": vmm_spec }).to_string()),
+        )?;
+        self.remember(&r, "disk", &list)?;
+        self.log(&format!(
+            "attached {} to domain {} as {}",
+            disk.path.display(),
+            r.name,
+            dev["id"].as_str().unwrap_or("?")
+        ));
+        Ok(dev)
+    }
+
+    /// A device of a running domain, by its API id (vda, net0, ...).
+    fn device(&self, dom: &str, id: &str, kind: &str) -> Result<Value> {
+        let d = self.domain_request(dom, "GET", &format!("/v1/devices/{id}"), None)?;
+        if d["type"] != kind {
+            return Err(Error::Invalid(format!(
+                "device {id} is not a {kind} device"
+            )));
+        }
+        Ok(d)
+    }
+
+    /// block-detach: asks the guest to let go of a disk (by its name,
+    /// vda, vdb, ...) and drops it from the domain's configuration. The
+    /// disk leaves when the guest has released it.
+    pub fn block_detach(&self, dom: &str, id: &str) -> Result<Value> {
+        let r = self.find(dom)?;
+        let d = self.device(dom, id, "block")?;
+        let path = d["info"]["path"].as_str().unwrap_or_default().to_string();
+        let v = self.domain_request(dom, "DELETE", &format!("/v1/devices/{id}"), None)?;
+        let c = self.load(&r)?;
+        let mut disks = c.disks.clone();
+        if let Some(i) = disks
+            .iter()
+            .position(|x| x.path.display().to_string() == path)
+        {
+            disks.remove(i);
+        }
+        let specs: Vec<String> = disks.iter().map(|d| d.spec()).collect();
+        if let Some(list) = domus_xlcfg::list_value(&specs) {
+            self.remember(&r, "disk", &list)?;
+        }
+        self.log(&format!("detaching {id} ({path}) from domain {}", r.name));
+        Ok(v)
+    }
+
+    /// The domain's taps that exist now.
+    fn taps(&self, id: i64) -> Vec<String> {
+        let prefix = format!("dm{}{id}n", self.tag);
+        let mut out: Vec<String> = std::fs::read_dir("/sys/class/net")
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| {
+                        n.strip_prefix(&prefix)
+                            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out
+    }
+
+    /// network-attach: a new tap (on the vif's bridge) and a hot-plugged
+    /// interface on it; the vif (with its MAC, made up if not given) joins
+    /// the domain's configuration.
+    pub fn network_attach(&self, dom: &str, spec: &str) -> Result<Value> {
+        let r = self.find(dom)?;
+        let mut warnings = Vec::new();
+        let mut vif = domus_xlcfg::parse_vif(spec, &mut warnings).map_err(Error::Invalid)?;
+        let taps = self.taps(r.id);
+        let i = (0..)
+            .find(|i| !taps.contains(&self.tap_name(r.id, *i)))
+            .unwrap_or(0);
+        let tap = self.tap_name(r.id, i);
+        let mac = vif.mac.clone().unwrap_or_else(|| {
+            let mut b = [0u8; 3];
+            // SAFETY: getrandom writes at most b.len() bytes into b.
+            unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+            format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
+        });
+        vif.mac = Some(mac.clone());
+        let c = self.load(&r)?;
+        let mut specs: Vec<String> = c.vifs.iter().map(|v| v.spec()).collect();
+        specs.push(vif.spec());
+        let list = domus_xlcfg::list_value(&specs)
+            .ok_or_else(|| Error::Invalid("a vif cannot hold quotes".into()))?;
+        if r.state != "running" {
+            return Err(Error::WrongState {
+                name: r.name,
+                state: r.state,
+            });
+        }
+        ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+        let made = (|| -> Result<Value> {
+            if let Some(br) = &vif.bridge {
+                ip(&["link", "set", &tap, "master", br])?;
+            }
+            ip(&["link", "set", &tap, "up"])?;
+            let mut net = format!("tap={tap},mac={mac}");
+            if let Some(rate) = vif.rate {
+                net.push_str(&format!(",bw={rate}"));
+            }
+            self.domain_request(
+                dom,
+                "POST",
+                "/v1/devices",
+                Some(&json!({ "net": net }).to_string()),
+            )
+        })();
+        let dev = match made {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = ip(&["link", "del", &tap]);
+                return Err(e);
+            }
+        };
+        self.remember(&r, "vif", &list)?;
+        self.log(&format!(
+            "attached interface {} ({mac}, tap {tap}) to domain {}",
+            dev["id"].as_str().unwrap_or("?"),
+            r.name
+        ));
+        Ok(dev)
+    }
+
+    /// network-detach: by index (0 for net0) or MAC. The guest lets go of
+    /// the interface, which leaves with its tap; the vif leaves the
+    /// domain's configuration.
+    pub fn network_detach(&self, dom: &str, which: &str) -> Result<Value> {
+        let r = self.find(dom)?;
+        let id = if which.contains(':') {
+            let all = self.domain_request(dom, "GET", "/v1/devices", None)?;
+            all.as_array()
+                .into_iter()
+                .flatten()
+                .find(|d| d["type"] == "net" && d["info"]["mac"] == which.to_lowercase())
+                .and_then(|d| d["id"].as_str().map(str::to_string))
+                .ok_or_else(|| Error::Invalid(format!("no interface with MAC {which}")))?
+        } else {
+            format!("net{which}")
+        };
+        let d = self.device(dom, &id, "net")?;
+        let mac = d["info"]["mac"].as_str().unwrap_or_default().to_string();
+        let tap = d["info"]["tap"].as_str().unwrap_or_default().to_string();
+        let v = self.domain_request(dom, "DELETE", &format!("/v1/devices/{id}"), None)?;
+        let c = self.load(&r)?;
+        let mut vifs = c.vifs.clone();
+        let pos = vifs
+            .iter()
+            .position(|x| x.mac.as_deref() == Some(mac.as_str()))
+            .or_else(|| {
+                // A vif without a MAC: its place is its tap's index.
+                tap.rsplit('n').next().and_then(|i| i.parse::<usize>().ok())
+            });
+        if let Some(i) = pos.filter(|i| *i < vifs.len()) {
+            vifs.remove(i);
+        }
+        let specs: Vec<String> = vifs.iter().map(|v| v.spec()).collect();
+        if let Some(list) = domus_xlcfg::list_value(&specs) {
+            self.remember(&r, "vif", &list)?;
+        }
+        // The tap goes once the guest has let go and the VMM closed it (at
+        // most 60 s later; if the guest never does, destroy removes it).
+        let sock = self.api_sock(&r);
+        let path = format!("/v1/devices/{id}");
+        std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < end {
+                match domus_http::request_within(&sock, "GET", &path, None, Duration::from_secs(2))
+                {
+                    Ok((200, _)) => std::thread::sleep(Duration::from_millis(200)),
+                    _ => {
+                        let _ = ip(&["link", "del", &tap]);
+                        return;
+                    }
+                }
+            }
+        });
+        self.log(&format!("detaching {id} ({mac}) from domain {}", r.name));
+        Ok(v)
     }
 
     /// Adds `key=value` to a domain's stored overrides (replacing an

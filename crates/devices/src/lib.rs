@@ -4,6 +4,7 @@
 //! [`serial::EventFdTrigger`] (an eventfd the VMM wires to an irqfd).
 
 pub mod bus;
+pub mod hotplug;
 pub mod pci;
 pub mod platform;
 pub mod serial;

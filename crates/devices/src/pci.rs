@@ -36,7 +36,12 @@ pub trait PciDevice: Send {
     fn bars(&self) -> Vec<(usize, u64, u64)>;
     fn bar_read(&mut self, bar: usize, offset: u64, data: &mut [u8]);
     fn bar_write(&mut self, bar: usize, offset: u64, data: &[u8]);
+    /// The function leaves the bus (hot-unplug): stop its work and let go
+    /// of what it holds.
+    fn unplug(&mut self) {}
 }
+
+type SharedDevice = Arc<Mutex<dyn PciDevice>>;
 
 /// A 32-bit, non-prefetchable memory BAR of a power-of-two size.
 #[derive(Clone, Copy, Debug, Default)]
@@ -203,17 +208,18 @@ impl ConfigSpace {
 }
 
 /// One MMIO range of a device, as the bus routes it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 struct Window {
     base: u64,
     len: u64,
-    slot: usize,
+    dev: SharedDevice,
     bar: usize,
 }
 
-/// Bus 0: devices by slot and the MMIO windows of their BARs.
+/// Bus 0: devices by slot and the MMIO windows of their BARs. Slots can be
+/// filled and emptied while the guest runs (hot-plug).
 pub struct PciBus {
-    slots: Vec<Option<Arc<Mutex<dyn PciDevice>>>>,
+    slots: RwLock<Vec<Option<SharedDevice>>>,
     windows: RwLock<Vec<Window>>,
 }
 
@@ -229,42 +235,84 @@ pub enum BusError {
     Full,
 }
 
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
 impl PciBus {
     pub fn new() -> Self {
         Self {
-            slots: vec![None; SLOTS],
+            slots: RwLock::new(vec![None; SLOTS]),
             windows: RwLock::new(Vec::new()),
         }
     }
 
+    /// The next free slot, if any.
+    pub fn free_slot(&self) -> Option<usize> {
+        let slots = read(&self.slots);
+        (1..SLOTS).find(|s| slots[*s].is_none())
+    }
+
     /// Puts `dev` in the next free slot and returns the slot number.
-    pub fn add(&mut self, dev: Arc<Mutex<dyn PciDevice>>) -> Result<usize, BusError> {
-        let slot = (1..SLOTS)
-            .find(|s| self.slots[*s].is_none())
-            .ok_or(BusError::Full)?;
-        self.slots[slot] = Some(dev);
+    pub fn add(&self, dev: SharedDevice) -> Result<usize, BusError> {
+        let slot = {
+            let mut slots = write(&self.slots);
+            let slot = (1..SLOTS)
+                .find(|s| slots[*s].is_none())
+                .ok_or(BusError::Full)?;
+            slots[slot] = Some(dev);
+            slot
+        };
         self.refresh();
         Ok(slot)
     }
 
+    /// Takes the device out of `slot` (it stops answering at once) and
+    /// unplugs it; returns whether there was one.
+    pub fn remove(&self, slot: usize) -> bool {
+        let dev = match write(&self.slots).get_mut(slot) {
+            Some(s) if slot > 0 => s.take(),
+            _ => None,
+        };
+        self.refresh();
+        match dev {
+            Some(d) => {
+                lock(&d).unplug();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `slot` holds a device.
+    pub fn occupied(&self, slot: usize) -> bool {
+        read(&self.slots).get(slot).is_some_and(Option::is_some)
+    }
+
     fn refresh(&self) {
         let mut w = Vec::new();
-        for (slot, d) in self.slots.iter().enumerate() {
-            if let Some(d) = d {
-                for (bar, base, len) in lock(d).bars() {
-                    // A BAR the guest parked at 0 (or is sizing) decodes nothing.
-                    if base != 0 {
-                        w.push(Window {
-                            base,
-                            len,
-                            slot,
-                            bar,
-                        });
-                    }
+        for d in read(&self.slots).iter().flatten() {
+            for (bar, base, len) in lock(d).bars() {
+                // A BAR the guest parked at 0 (or is sizing) decodes nothing.
+                if base != 0 {
+                    w.push(Window {
+                        base,
+                        len,
+                        dev: d.clone(),
+                        bar,
+                    });
                 }
             }
         }
-        *self.windows.write().unwrap_or_else(|e| e.into_inner()) = w;
+        *write(&self.windows) = w;
+    }
+
+    fn device(&self, dev: u8) -> Option<SharedDevice> {
+        read(&self.slots).get(usize::from(dev)).cloned().flatten()
     }
 
     fn config_dword(&self, bus: u8, dev: u8, func: u8, reg: usize) -> u32 {
@@ -279,8 +327,8 @@ impl PciBus {
                 _ => 0,
             };
         }
-        match &self.slots[usize::from(dev)] {
-            Some(d) => lock(d).config_read(reg),
+        match self.device(dev) {
+            Some(d) => lock(&d).config_read(reg),
             None => 0xffff_ffff,
         }
     }
@@ -289,28 +337,26 @@ impl PciBus {
         if bus != 0 || func != 0 || dev == 0 {
             return;
         }
-        if let Some(d) = &self.slots[usize::from(dev)] {
-            lock(d).config_write(reg, offset, data);
+        if let Some(d) = self.device(dev) {
+            lock(&d).config_write(reg, offset, data);
             if (REG_BAR0..REG_BAR0 + 24).contains(&reg) {
                 self.refresh();
             }
         }
     }
 
-    fn find(&self, addr: u64, len: usize) -> Option<(Window, u64)> {
-        let w = self.windows.read().unwrap_or_else(|e| e.into_inner());
-        w.iter()
+    fn find(&self, addr: u64, len: usize) -> Option<(SharedDevice, usize, u64)> {
+        read(&self.windows)
+            .iter()
             .find(|w| addr >= w.base && addr + len as u64 <= w.base + w.len)
-            .map(|w| (*w, addr - w.base))
+            .map(|w| (w.dev.clone(), w.bar, addr - w.base))
     }
 
     /// An MMIO read; addresses no BAR decodes read as all ones.
     pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.find(addr, data.len()) {
-            Some((w, off)) => {
-                if let Some(d) = &self.slots[w.slot] {
-                    lock(d).bar_read(w.bar, off, data);
-                }
+            Some((d, bar, off)) => {
+                lock(&d).bar_read(bar, off, data);
                 true
             }
             None => {
@@ -323,10 +369,8 @@ impl PciBus {
     /// An MMIO write; writes no BAR decodes are dropped.
     pub fn mmio_write(&self, addr: u64, data: &[u8]) -> bool {
         match self.find(addr, data.len()) {
-            Some((w, off)) => {
-                if let Some(d) = &self.slots[w.slot] {
-                    lock(d).bar_write(w.bar, off, data);
-                }
+            Some((d, bar, off)) => {
+                lock(&d).bar_write(bar, off, data);
                 true
             }
             None => false,
@@ -507,6 +551,9 @@ mod tests {
         fn bar_write(&mut self, bar: usize, offset: u64, data: &[u8]) {
             self.last.push((bar, offset, data.to_vec()));
         }
+        fn unplug(&mut self) {
+            self.last.push((99, 0, Vec::new()));
+        }
     }
 
     fn dev_bus() -> (Arc<PciBus>, Arc<Mutex<Dev>>) {
@@ -525,7 +572,7 @@ mod tests {
             cfg,
             last: Vec::new(),
         }));
-        let mut bus = PciBus::new();
+        let bus = PciBus::new();
         assert_eq!(bus.add(d.clone()).unwrap(), 1);
         (Arc::new(bus), d)
     }
@@ -593,7 +640,7 @@ mod tests {
 
     #[test]
     fn a_full_bus_says_so() {
-        let mut bus = PciBus::new();
+        let bus = PciBus::new();
         for _ in 1..SLOTS {
             bus.add(Arc::new(Mutex::new(Dev {
                 cfg: ConfigSpace::new(PciId {
@@ -621,5 +668,22 @@ mod tests {
                 last: Vec::new(),
             })))
             .is_err());
+    }
+
+    #[test]
+    fn a_removed_device_is_unplugged_and_answers_nothing() {
+        let (bus, d) = dev_bus();
+        let mut p = PciConfigIo::new(bus.clone());
+        assert!(bus.occupied(1));
+        assert!(!bus.remove(0), "the host bridge stays");
+        assert!(!bus.remove(2), "an empty slot");
+        assert!(!bus.remove(SLOTS + 5), "no such slot");
+        assert!(bus.remove(1));
+        assert_eq!(lock(&d).last, vec![(99, 0, Vec::new())], "unplug ran");
+        assert!(!bus.occupied(1));
+        assert_eq!(cfg_read(&mut p, 0, 1, 0, 0), 0xffff_ffff);
+        let mut b = [0u8; 2];
+        assert!(!bus.mmio_read(0xc000_0004, &mut b));
+        assert_eq!(bus.free_slot(), Some(1), "the slot is free again");
     }
 }

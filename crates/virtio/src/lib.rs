@@ -56,6 +56,11 @@ pub trait Hypervisor: Send + Sync {
     /// Makes guest writes to the MMIO address `addr` signal `fd`.
     fn register_ioevent(&self, fd: &EventFd, addr: u64) -> std::io::Result<()>;
     fn unregister_ioevent(&self, fd: &EventFd, addr: u64) -> std::io::Result<()>;
+    /// The vector's device is gone (hot-unplug): detach its irqfd and free
+    /// its GSI.
+    fn release_vector(&self, _vector: &msix::Vector) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A queue the driver enabled, handed to the device at activation.

@@ -64,6 +64,15 @@ pub struct Msix {
 }
 
 impl Msix {
+    /// Gives the vectors back to the hypervisor (the device was unplugged);
+    /// nothing is signalled afterwards.
+    pub fn release(&mut self) {
+        for v in self.vectors.drain(..) {
+            let _ = self.hv.release_vector(&v);
+        }
+        self.enabled = false;
+    }
+
     pub fn new(vectors: Vec<Vector>, hv: Arc<dyn Hypervisor>) -> Self {
         assert!(!vectors.is_empty() && vectors.len() <= MAX_VECTORS);
         let n = vectors.len();
@@ -104,9 +113,13 @@ impl Msix {
     }
 
     fn route(&mut self, v: usize) {
+        // No vector: released by an unplug.
+        let Some(gsi) = self.vectors.get(v).map(|x| x.gsi) else {
+            return;
+        };
         let msg = self.entries[v].message();
         if self.routed[v] != Some(msg) {
-            match self.hv.set_msi_route(self.vectors[v].gsi, msg.0, msg.1) {
+            match self.hv.set_msi_route(gsi, msg.0, msg.1) {
                 Ok(()) => self.routed[v] = Some(msg),
                 Err(e) => crate::warn("msix", format_args!("routing vector {v}: {e}")),
             }
@@ -128,7 +141,7 @@ impl Msix {
 
     fn fire(&mut self, v: usize) {
         self.route(v);
-        if let Err(e) = self.vectors[v].irqfd.write(1) {
+        if let Some(Err(e)) = self.vectors.get(v).map(|x| x.irqfd.write(1)) {
             crate::warn("msix", format_args!("signalling vector {v}: {e}"));
         }
     }
@@ -144,7 +157,7 @@ impl Msix {
             return None;
         }
         self.route(v);
-        self.vectors[v].irqfd.try_clone().ok()
+        self.vectors.get(v)?.irqfd.try_clone().ok()
     }
 
     /// Raises vector `v`; out-of-range vectors (and [`NO_VECTOR`]) do nothing.
@@ -296,6 +309,10 @@ pub mod tests {
             lock(&self.ioevents).retain(|a| *a != addr);
             Ok(())
         }
+        fn release_vector(&self, v: &Vector) -> std::io::Result<()> {
+            lock(&self.routes).retain(|r| r.0 != v.gsi);
+            Ok(())
+        }
     }
 
     pub fn vectors(n: usize) -> Vec<Vector> {
@@ -382,5 +399,24 @@ pub mod tests {
         m.table_read(12, &mut c);
         assert_eq!(c, [1, 0, 0, 0], "entries start masked");
         m.pba_read(u64::MAX, &mut d);
+    }
+
+    #[test]
+    fn released_vectors_signal_nothing() {
+        let hv = Arc::new(FakeHv::default());
+        let mut m = Msix::new(vectors(2), hv.clone());
+        m.set_control(true, false);
+        program(&mut m, 1, 0xfee0_0000, 0x41, false);
+        m.trigger(1);
+        assert_eq!(lock(&hv.routes).len(), 1);
+        m.release();
+        assert!(lock(&hv.routes).is_empty(), "routes given back");
+        // A guest that keeps poking the table of an unplugged device.
+        m.set_control(true, false);
+        program(&mut m, 0, 0xfee0_0000, 0x42, false);
+        m.trigger(0);
+        m.trigger(1);
+        assert!(m.direct_irqfd(0).is_none());
+        assert!(lock(&hv.routes).is_empty());
     }
 }

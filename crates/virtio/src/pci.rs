@@ -434,6 +434,11 @@ impl VirtioPci {
 }
 
 impl PciDevice for VirtioPci {
+    fn unplug(&mut self) {
+        self.reset();
+        lock(&self.msix).release();
+    }
+
     fn config_read(&mut self, reg: usize) -> u32 {
         if reg == self.pci_cfg_cap + 16 {
             let (bar, off, len) = self.pci_cfg_window();

@@ -1,6 +1,6 @@
 //! The per-domain REST API (`domus run --api-socket PATH`): domain info and
 //! state, pause and resume, the ACPI power button, device counters and rate
-//! limits, the balloon.
+//! limits, disk and interface hot-plug, the balloon.
 //!
 //! The routes are listed once, in [`ROUTES`]; the dispatcher matches
 //! against that list and a unit test checks it against the committed
@@ -8,8 +8,12 @@
 //! Every request body is untrusted: anything malformed gets a 4xx with a
 //! message and changes nothing.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use domus_devices::bus::lock;
+use domus_virtio::block::DiskConfig;
+use domus_virtio::net::NetConfig;
 
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
@@ -35,16 +39,21 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domain/resume"),
     ("PUT", "/v1/domain/power-button"),
     ("GET", "/v1/devices"),
+    ("POST", "/v1/devices"),
     ("GET", "/v1/devices/{id}"),
+    ("DELETE", "/v1/devices/{id}"),
     ("PUT", "/v1/devices/{id}/rate-limit"),
     ("GET", "/v1/balloon"),
     ("PUT", "/v1/balloon"),
 ];
 
 /// One device as the API shows it.
+#[derive(Clone)]
 pub struct Device {
     /// The name in URLs: `vda`, `vdb`, ... for disks, `rng0`, `balloon0`.
     pub id: String,
+    /// Its PCI slot.
+    pub slot: usize,
     /// `block`, `rng`, `balloon`.
     pub kind: &'static str,
     /// Extra fixed facts (path, read-only, ...).
@@ -60,10 +69,45 @@ pub struct Domain {
     pub memory: u64,
     pub started: Instant,
     pub pause: Arc<Pause>,
-    pub devices: Vec<Device>,
+    /// Shared with the hot-plug eject path, which removes entries.
+    pub devices: Arc<Mutex<Vec<Device>>>,
     pub balloon: Option<Arc<BalloonHandle>>,
     /// Presses the ACPI power button.
     pub events: Arc<GedEvents>,
+    pub hotplug: Option<Arc<dyn Hotplug>>,
+}
+
+/// A device to hot-plug, in the syntax of `domus run`'s options.
+#[derive(Debug)]
+pub enum Plug {
+    Disk(DiskConfig),
+    Net(NetConfig),
+}
+
+/// Adds devices to the running domain and asks the guest to let go of
+/// them (the VMM implements it; see `hotplug.rs`).
+pub trait Hotplug: Send + Sync {
+    /// Plugs a device named `id`; returns its API entry (with its slot).
+    fn plug(&self, id: String, what: &Plug) -> Result<Device, String>;
+    /// Asks the guest to release the device in `slot`; it goes away when
+    /// the guest has.
+    fn unplug(&self, slot: usize) -> Result<(), String>;
+}
+
+/// The lowest name `prefix`N (or, for disks, vdX) no device has: the name
+/// the guest's driver gives the new device too (it takes the lowest free
+/// index).
+fn free_name(devices: &[Device], disk: bool) -> String {
+    (0..)
+        .map(|i| {
+            if disk {
+                crate::vm::disk_name(i)
+            } else {
+                format!("net{i}")
+            }
+        })
+        .find(|n| devices.iter().all(|d| &d.id != n))
+        .unwrap_or_default()
 }
 
 fn ok(v: Value) -> Response {
@@ -159,7 +203,7 @@ impl Domain {
             "memory_mib": self.memory >> 20,
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "vcpu_tids": self.pause.vcpu_tids(),
-            "devices": self.devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+            "devices": lock(&self.devices).iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
         })
     }
 
@@ -179,11 +223,65 @@ impl Domain {
         })
     }
 
-    fn device(&self, id: &str) -> Result<&Device, Response> {
-        self.devices
+    fn device(&self, id: &str) -> Result<Device, Response> {
+        lock(&self.devices)
             .iter()
             .find(|d| d.id == id)
+            .cloned()
             .ok_or_else(|| Response::error(404, &format!("no device '{id}'")))
+    }
+
+    fn hotplug(&self) -> Result<&Arc<dyn Hotplug>, Response> {
+        self.hotplug
+            .as_ref()
+            .ok_or_else(|| Response::error(409, "this domain has no hot-plug"))
+    }
+
+    /// POST /v1/devices: `{"disk": "PATH[,ro][,id=][,bw=][,iops=]"}` or
+    /// `{"net": "tap=NAME[,mac=][,bw=][,pps=]"}`, as `domus run` takes them.
+    fn plug(&self, req: &Request) -> Result<Response, Response> {
+        let hp = self.hotplug()?;
+        let m = object_body(req, &["disk", "net"])?;
+        let spec = |k: &str| {
+            m.get(k).map(|v| {
+                v.as_str()
+                    .ok_or_else(|| Response::error(400, &format!("'{k}' must be a string")))
+            })
+        };
+        let what = match (spec("disk"), spec("net")) {
+            (Some(d), None) => {
+                Plug::Disk(crate::config::parse_disk(d?).map_err(|e| Response::error(400, &e))?)
+            }
+            (None, Some(n)) => {
+                Plug::Net(crate::config::parse_net(n?).map_err(|e| Response::error(400, &e))?)
+            }
+            _ => return Err(Response::error(400, "give exactly one of 'disk' or 'net'")),
+        };
+        // Held across the plug, so two plugs never pick the same name.
+        let mut devices = lock(&self.devices);
+        let id = free_name(&devices, matches!(what, Plug::Disk(_)));
+        let d = hp.plug(id, &what).map_err(|e| Response::error(409, &e))?;
+        let body = Self::device_json(&d);
+        devices.push(d);
+        Ok(Response::json(201, body.to_string()))
+    }
+
+    /// DELETE /v1/devices/{id}: asks the guest to let go of a disk or an
+    /// interface; the device goes away when it has.
+    fn unplug(&self, id: &str) -> Result<Response, Response> {
+        let hp = self.hotplug()?;
+        let d = self.device(id)?;
+        if d.kind != "block" && d.kind != "net" {
+            return Err(Response::error(
+                409,
+                &format!("device '{id}' ({}) cannot be unplugged", d.kind),
+            ));
+        }
+        hp.unplug(d.slot).map_err(|e| Response::error(500, &e))?;
+        Ok(Response::json(
+            202,
+            json!({"unplugging": id, "slot": d.slot}).to_string(),
+        ))
     }
 
     fn set_rate_limit(&self, id: &str, req: &Request) -> Result<Response, Response> {
@@ -205,7 +303,7 @@ impl Domain {
             limits.ops_per_sec = iops.filter(|v| *v > 0);
         }
         l.set_limits(limits);
-        Ok(ok(Self::device_json(d)))
+        Ok(ok(Self::device_json(&d)))
     }
 
     fn balloon(&self) -> Result<&BalloonHandle, Response> {
@@ -261,10 +359,12 @@ impl Domain {
                     &format!("interrupting the guest: {e}"),
                 )),
             },
+            "/v1/devices" if req.method == "POST" => self.plug(req),
             "/v1/devices" => Ok(ok(Value::Array(
-                self.devices.iter().map(Self::device_json).collect(),
+                lock(&self.devices).iter().map(Self::device_json).collect(),
             ))),
-            "/v1/devices/{id}" => self.device(id).map(|d| ok(Self::device_json(d))),
+            "/v1/devices/{id}" if req.method == "DELETE" => self.unplug(id),
+            "/v1/devices/{id}" => self.device(id).map(|d| ok(Self::device_json(&d))),
             "/v1/devices/{id}/rate-limit" => self.set_rate_limit(id, req),
             "/v1/balloon" if req.method == "GET" => {
                 self.balloon().map(|b| ok(balloon_json(b, self.memory)))
@@ -304,17 +404,19 @@ mod tests {
             memory: 256 << 20,
             started: Instant::now(),
             pause: Arc::new(Pause::default()),
-            devices: vec![Device {
+            devices: Arc::new(Mutex::new(vec![Device {
                 id: "vda".into(),
+                slot: 1,
                 kind: "block",
                 info: json!({"path": "/x"}),
                 stats: Arc::new(Fixed),
                 limiter: Some(Arc::new(Shared::new(Limits::default()).unwrap())),
-            }],
+            }])),
             balloon: Some(Arc::new(BalloonHandle::new().unwrap())),
             events: GedEvents::new(
                 vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap(),
             ),
+            hotplug: None,
         }
     }
 
@@ -413,7 +515,7 @@ mod tests {
             assert_eq!(r.status, 400, "{bad}");
             assert!(body(&r)["error"].as_str().is_some());
         }
-        let l = d.devices[0].limiter.as_ref().unwrap().limits();
+        let l = lock(&d.devices)[0].limiter.as_ref().unwrap().limits();
         assert_eq!(l.bytes_per_sec, Some(1048576));
         assert_eq!(l.ops_per_sec, Some(100));
         let r = put(r#"{"bandwidth": null, "iops": 0}"#);
@@ -457,5 +559,61 @@ mod tests {
             d.handle(&req("GET", "/v1/domain/power-button", "")).status,
             405
         );
+    }
+
+    #[test]
+    fn hot_plug_requests_are_checked_and_named() {
+        struct NoStats;
+        impl Stats for NoStats {
+            fn counters(&self) -> Vec<(&'static str, u64)> {
+                Vec::new()
+            }
+        }
+        struct Fake(Mutex<Vec<usize>>);
+        impl Hotplug for Fake {
+            fn plug(&self, id: String, what: &Plug) -> Result<Device, String> {
+                let Plug::Disk(d) = what else {
+                    return Err("only disks here".into());
+                };
+                Ok(Device {
+                    id,
+                    slot: 7,
+                    kind: "block",
+                    info: json!({"path": d.path.display().to_string()}),
+                    stats: Arc::new(NoStats),
+                    limiter: None,
+                })
+            }
+            fn unplug(&self, slot: usize) -> Result<(), String> {
+                lock(&self.0).push(slot);
+                Ok(())
+            }
+        }
+        let mut d = domain();
+        let post = |d: &Domain, b: &str| d.handle(&req("POST", "/v1/devices", b));
+        assert_eq!(post(&d, r#"{"disk": "/x"}"#).status, 409, "no hot-plug");
+        let fake = Arc::new(Fake(Mutex::new(Vec::new())));
+        d.hotplug = Some(fake.clone());
+        for bad in [
+            "",
+            "{}",
+            r#"{"disk": 1}"#,
+            r#"{"disk": "/x", "net": "tap=t"}"#,
+            r#"{"disk": ",ro"}"#,
+            r#"{"cdrom": "/x"}"#,
+        ] {
+            assert_eq!(post(&d, bad).status, 400, "{bad}");
+        }
+        let r = post(&d, r#"{"disk": "/img/b"}"#);
+        assert_eq!(r.status, 201);
+        assert_eq!(body(&r)["id"], "vdb", "vda is taken");
+        assert_eq!(post(&d, r#"{"net": "tap=t0"}"#).status, 409);
+        assert_eq!(lock(&d.devices).len(), 2);
+        let del = |d: &Domain, id: &str| d.handle(&req("DELETE", &format!("/v1/devices/{id}"), ""));
+        assert_eq!(del(&d, "vdb").status, 202);
+        assert_eq!(*lock(&fake.0), vec![7]);
+        assert_eq!(del(&d, "nope").status, 404);
+        lock(&d.devices)[0].kind = "rng";
+        assert_eq!(del(&d, "vda").status, 409, "only disks and interfaces");
     }
 }

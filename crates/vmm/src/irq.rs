@@ -52,6 +52,8 @@ pub struct KvmIrqs {
 
 struct State {
     next_gsi: u32,
+    /// GSIs of unplugged devices, taken again before new ones.
+    free: Vec<u32>,
     msi: BTreeMap<u32, (u64, u32)>,
 }
 
@@ -61,6 +63,7 @@ impl KvmIrqs {
             vm,
             state: Mutex::new(State {
                 next_gsi: FIRST_MSI_GSI,
+                free: Vec::new(),
                 msi: BTreeMap::new(),
             }),
         }
@@ -71,8 +74,13 @@ impl KvmIrqs {
         let mut st = lock(&self.state);
         let mut out = Vec::new();
         for _ in 0..n {
-            let gsi = st.next_gsi;
-            st.next_gsi += 1;
+            let gsi = match st.free.pop() {
+                Some(g) => g,
+                None => {
+                    st.next_gsi += 1;
+                    st.next_gsi - 1
+                }
+            };
             let irqfd = EventFd::new(libc::EFD_NONBLOCK)?;
             self.vm
                 .register_irqfd(&irqfd, gsi)
@@ -124,6 +132,16 @@ impl Hypervisor for KvmIrqs {
         self.vm
             .unregister_ioevent(fd, &IoEventAddress::Mmio(addr), NoDatamatch)
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+    }
+
+    fn release_vector(&self, v: &Vector) -> std::io::Result<()> {
+        let mut st = lock(&self.state);
+        self.vm
+            .unregister_irqfd(&v.irqfd, v.gsi)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        st.msi.remove(&v.gsi);
+        st.free.push(v.gsi);
+        self.apply(&st)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod api;
 pub mod config;
 pub mod console;
 pub mod cpuid;
+pub mod hotplug;
 pub mod irq;
 pub mod memory;
 pub mod pause;

@@ -7,17 +7,15 @@ use std::sync::{Arc, Mutex};
 use domus_boot::acpi::{self, AcpiConfig};
 use domus_boot::layout::{self, ACPI_START, CMDLINE_ADDR, KVM_TSS_ADDR, ZERO_PAGE_ADDR};
 use domus_boot::{kernel, longmode, params};
+use domus_devices::hotplug::{HotplugPorts, PciHotplug, PCI_HOTPLUG_LEN, PCI_HOTPLUG_PORT};
 use domus_devices::pci::{self, PciBus};
 use domus_devices::platform::{self, AcpiPm, Ged, GedEvents, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
 use domus_virtio::balloon::{Balloon, BalloonHandle};
-use domus_virtio::block::Block;
-use domus_virtio::net::Net;
-use domus_virtio::pci::VirtioPci;
 use domus_virtio::rng::Rng;
 use domus_virtio::vsock::Vsock;
-use domus_virtio::{Hypervisor, VirtioDevice};
+use domus_virtio::VirtioDevice;
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
@@ -29,6 +27,7 @@ use crate::api;
 use crate::config::{host_memory, io_reason, ConfigError, VmConfig};
 use crate::console;
 use crate::cpuid;
+use crate::hotplug;
 use crate::irq::KvmIrqs;
 use crate::pause::{self, Pause};
 use crate::vcpu::{self, Buses, Stop};
@@ -154,6 +153,7 @@ fn write_boot_data(
         pci_mmio_len: layout::PCI_MMIO_LEN,
         ged_port: platform::GED_PORT,
         ged_gsi: platform::GED_GSI,
+        pci_hotplug_port: PCI_HOTPLUG_PORT,
     });
     mem.write_slice(&tables.bytes, GuestAddress(ACPI_START))?;
     mem.write_slice(
@@ -197,43 +197,16 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
     let mut devices: Vec<(Box<dyn VirtioDevice>, api::Device)> = Vec::new();
     let mut balloon = None;
     for (i, d) in cfg.disks.iter().enumerate() {
-        let b = Block::open(d)?;
-        let (disk, limiter) = b.handles();
-        let info = serde_json::json!({
-            "path": d.path.display().to_string(),
-            "read_only": d.read_only,
-            "serial": d.id,
-            "sectors": b.capacity(),
-        });
-        let a = api::Device {
-            id: disk_name(i),
-            kind: "block",
-            info,
-            stats: disk,
-            limiter: Some(limiter),
-        };
-        devices.push((Box::new(b), a));
+        devices.push(hotplug::disk_device(d, disk_name(i))?);
     }
     for (i, n) in cfg.nets.iter().enumerate() {
-        let net = Net::open(n)?;
-        let (counters, limiter) = net.handles();
-        let a = api::Device {
-            id: format!("net{i}"),
-            kind: "net",
-            info: serde_json::json!({
-                "tap": n.tap,
-                "mac": domus_virtio::net::format_mac(&net.mac()),
-                "backend": "userspace",
-            }),
-            stats: counters,
-            limiter: Some(limiter),
-        };
-        devices.push((Box::new(net), a));
+        devices.push(hotplug::net_device(n, format!("net{i}"))?);
     }
     if let Some(cid) = cfg.vsock_cid {
         let v = Vsock::new(cid)?;
         let a = api::Device {
             id: "vsock0".into(),
+            slot: 0,
             kind: "vsock",
             info: serde_json::json!({"cid": v.cid(), "backend": "vhost-vsock"}),
             stats: v.counters(),
@@ -245,6 +218,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
         let r = Rng::new();
         let a = api::Device {
             id: "rng0".into(),
+            slot: 0,
             kind: "rng",
             info: serde_json::json!({"source": "getrandom"}),
             stats: r.counters(),
@@ -256,6 +230,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
         let b = Balloon::new().map_err(|e| Error::Io("creating the balloon", e))?;
         let a = api::Device {
             id: "balloon0".into(),
+            slot: 0,
             kind: "balloon",
             info: serde_json::json!({"free_page_reporting": true, "statistics": true}),
             stats: b.handle(),
@@ -272,24 +247,17 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
     })
 }
 
-/// The PCI bus with the domain's virtio devices, in order.
+/// The PCI bus with the domain's virtio devices, in order from slot 1; the
+/// API entries learn their slots.
 fn pci_bus(
     devices: Vec<Box<dyn VirtioDevice>>,
-    names: &[String],
+    api: &mut [api::Device],
     mem: &Arc<GuestMemoryMmap>,
     irqs: &Arc<KvmIrqs>,
 ) -> Result<PciBus> {
-    let devices = names.iter().cloned().zip(devices);
-    let mut bus = PciBus::new();
-    for (i, (name, dev)) in devices.into_iter().enumerate() {
-        let bar = layout::PCI_MMIO_BASE + i as u32 * domus_virtio::pci::BAR_SIZE;
-        let vectors = irqs
-            .vectors(domus_virtio::pci::vectors_for(dev.queue_max_sizes().len()))
-            .map_err(|e| Error::Io("setting up MSI-X vectors", e))?;
-        let hv: Arc<dyn Hypervisor> = irqs.clone();
-        let pci = VirtioPci::new(name, dev, bar, vectors, mem.clone(), hv);
-        bus.add(Arc::new(Mutex::new(pci)))
-            .map_err(|e| Error::Devices(e.to_string()))?;
+    let bus = PciBus::new();
+    for (dev, a) in devices.into_iter().zip(api.iter_mut()) {
+        a.slot = hotplug::plug(&bus, irqs, mem, a.id.clone(), dev)?;
     }
     Ok(bus)
 }
@@ -298,6 +266,7 @@ fn pci_bus(
 fn platform_bus(
     serial: Arc<Mutex<SerialDevice>>,
     events: Arc<GedEvents>,
+    hotplug: Arc<PciHotplug>,
     pci: Arc<PciBus>,
 ) -> Result<PioBus> {
     let mut bus = PioBus::new();
@@ -316,6 +285,12 @@ fn platform_bus(
         .map_err(overlap)?;
     bus.insert(platform::GED_PORT, 1, Arc::new(Mutex::new(Ged(events))))
         .map_err(overlap)?;
+    bus.insert(
+        PCI_HOTPLUG_PORT,
+        PCI_HOTPLUG_LEN,
+        Arc::new(Mutex::new(HotplugPorts(hotplug))),
+    )
+    .map_err(overlap)?;
     bus.insert(
         pci::PCI_CONFIG_BASE,
         pci::PCI_CONFIG_LEN,
@@ -382,12 +357,19 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         .map_err(kvm_err("KVM_IRQFD"))?;
     let events = GedEvents::new(ged_irq);
     let irqs = Arc::new(KvmIrqs::new(vm.clone()));
-    let devices = virtio_devices(cfg)?;
-    let names: Vec<String> = devices.api.iter().map(|d| d.id.clone()).collect();
-    let pci = Arc::new(pci_bus(devices.virtio, &names, &mem, &irqs)?);
+    let mut devices = virtio_devices(cfg)?;
+    let pci = Arc::new(pci_bus(devices.virtio, &mut devices.api, &mem, &irqs)?);
+    let api_devices = Arc::new(Mutex::new(devices.api));
+    let ports = {
+        let (pci, list) = (pci.clone(), api_devices.clone());
+        PciHotplug::new(
+            events.clone(),
+            Box::new(move |slot| hotplug::ejected(&pci, &list, slot)),
+        )
+    };
     let bus = Buses {
-        pio: platform_bus(serial.clone(), events.clone(), pci.clone())?,
-        pci,
+        pio: platform_bus(serial.clone(), events.clone(), ports.clone(), pci.clone())?,
+        pci: pci.clone(),
     };
 
     // vCPUs.
@@ -429,9 +411,16 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             memory: cfg.memory,
             started: std::time::Instant::now(),
             pause: pause.clone(),
-            devices: devices.api,
+            devices: api_devices,
             balloon: devices.balloon,
             events,
+            hotplug: Some(Arc::new(hotplug::VmHotplug {
+                bus: pci,
+                irqs: irqs.clone(),
+                mem: mem.clone(),
+                ports,
+                plugging: Mutex::new(()),
+            })),
         };
         domus_http::spawn_server("api", listener, Arc::new(move |r| domain.handle(r)))
             .map_err(|e| Error::Io("starting the API thread", e))?;

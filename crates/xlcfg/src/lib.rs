@@ -39,6 +39,48 @@ pub struct Disk {
     pub read_only: bool,
 }
 
+impl Disk {
+    /// The disk as an xl disk spec (key=value form, `target=` last).
+    pub fn spec(&self) -> String {
+        format!(
+            "format=raw,vdev={},access={},target={}",
+            self.vdev,
+            if self.read_only { "ro" } else { "rw" },
+            self.path.display()
+        )
+    }
+}
+
+impl Vif {
+    /// The interface as an xl vif spec.
+    pub fn spec(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(m) = &self.mac {
+            parts.push(format!("mac={m}"));
+        }
+        if let Some(b) = &self.bridge {
+            parts.push(format!("bridge={b}"));
+        }
+        if let Some(i) = &self.ip {
+            parts.push(format!("ip={i}"));
+        }
+        if let Some(r) = self.rate {
+            parts.push(format!("rate={r}B/s"));
+        }
+        parts.join(",")
+    }
+}
+
+/// A list of strings in xl syntax (`['a', 'b']`); None if a string holds a
+/// quote, which xl strings cannot.
+pub fn list_value(items: &[String]) -> Option<String> {
+    if items.iter().any(|i| i.contains(['\'', '"'])) {
+        return None;
+    }
+    let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
+    Some(format!("[{}]", quoted.join(", ")))
+}
+
 /// An interface from `vif = [...]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Vif {
@@ -637,5 +679,27 @@ pool = "Pool-0"
         assert_eq!(parse_cpulist("all"), Ok(vec![]));
         assert!(parse_cpulist("3-1").is_err());
         assert!(parse_cpulist("").is_err());
+    }
+
+    #[test]
+    fn disks_and_vifs_print_back_as_specs() {
+        let d = parse_disk("vdev=xvdb,access=ro,target=/srv/a,b.img").unwrap();
+        assert_eq!(d.path, PathBuf::from("/srv/a,b.img"));
+        assert_eq!(parse_disk(&d.spec()).unwrap(), d);
+        let mut w = Vec::new();
+        let v = parse_vif(
+            "mac=52:54:00:AA:bb:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s",
+            &mut w,
+        )
+        .unwrap();
+        assert_eq!(parse_vif(&v.spec(), &mut w).unwrap(), v);
+        assert!(w.is_empty());
+        assert_eq!(
+            list_value(&["a".into(), "b,c".into()]).unwrap(),
+            "['a', 'b,c']"
+        );
+        assert!(list_value(&["it's".into()]).is_none());
+        let l = syntax::parse(&format!("disk = {}", list_value(&[d.spec()]).unwrap())).unwrap();
+        assert_eq!(l.len(), 1);
     }
 }
