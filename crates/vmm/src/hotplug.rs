@@ -126,3 +126,14 @@ pub fn ejected(bus: &PciBus, devices: &Mutex<Vec<api::Device>>, slot: usize) {
         lock(devices).retain(|d| d.slot != slot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_dsdt_and_the_ports_agree_on_the_hotplug_event() {
+        assert_eq!(
+            domus_boot::acpi::GED_PCI_HOTPLUG,
+            domus_devices::hotplug::GED_PCI_HOTPLUG
+        );
+    }
+}
