@@ -3,8 +3,8 @@
 QEMU vs native, in one session on one host (the nested KVM host on the
 development machines), RUNS interleaved rounds.
 
-Each round, for each VMM (Domus, then QEMU `-accel kvm -M q35` with the
-same kernel, initramfs, images, memory and one vCPU, all devices virtio-pci
+Each round, for each VMM (Domus and QEMU, which goes first alternating by
+round; QEMU is `-accel kvm -M q35` with the same kernel, initramfs, images, memory and one vCPU, all devices virtio-pci
 with QEMU's defaults: cache=writeback aio=threads disks, a userspace
 virtio-net backend (vhost=off, like Domus), vhost-vsock):
 
@@ -236,7 +236,12 @@ def one_full_round(out_path):
     bridge(True)
     try:
         res = {"native": native(data)}
-        for vmm in ("domus", "qemu"):
+        # Alternate which VMM goes first, so neither always runs on a
+        # fresher host (ROUND is the round's number, from tools/bench-io).
+        order = ["domus", "qemu"]
+        if int(os.environ.get("ROUND", "1")) % 2 == 0:
+            order.reverse()
+        for vmm in order:
             res[vmm] = one_round(vmm, k, root, data, helper_img, helper_size)
     finally:
         bridge(False)

@@ -514,10 +514,13 @@ impl Daemon {
                 if d.read_only { ",ro" } else { "" }
             ));
         }
+        // A restart finds the taps of the VMM that ended (hot-plugged ones
+        // too): start afresh.
+        for t in self.taps(r.id) {
+            let _ = ip(&["link", "del", &t]);
+        }
         for (i, v) in c.vifs.iter().enumerate() {
             let tap = self.tap_name(r.id, i);
-            // A restart finds the tap of the VMM that ended: start afresh.
-            let _ = ip(&["link", "del", &tap]);
             ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
             if let Some(br) = &v.bridge {
                 ip(&["link", "set", &tap, "master", br])?;
@@ -629,7 +632,14 @@ impl Daemon {
         }
         let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
         lock(&self.db).delete(r.id)?;
-        lock(&self.live).remove(&r.id);
+        // A VMM still running here was started by a create that raced this
+        // cleanup (its start() put it in `live` after the caller looked):
+        // it must not outlive its row.
+        let live = lock(&self.live).remove(&r.id);
+        if let Some(mut ch) = live.and_then(|l| l.child) {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
         Ok(())
     }
 
