@@ -28,6 +28,14 @@ pub struct DaemonArgs {
     /// memory minus this (MiB).
     #[arg(long, value_name = "MIB", default_value_t = 512)]
     pub host_reserve: u64,
+    /// Also serve the API on TCP at this host:port (requests need
+    /// `Authorization: Bearer TOKEN`; the CLI reaches it through
+    /// DOMUS_DAEMON_TCP and DOMUS_TOKEN_FILE or DOMUS_TOKEN).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen_tcp: Option<String>,
+    /// The bearer token's file (made, mode 0600, if missing) [default: STATE_DIR/token]
+    #[arg(long, value_name = "PATH", requires = "listen_tcp")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -88,14 +96,36 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// One request to the daemon: on its Unix socket, or on TCP when
+/// DOMUS_DAEMON_TCP (host:port) is set, with the bearer token from
+/// DOMUS_TOKEN or the file DOMUS_TOKEN_FILE. Err is the message to print.
+fn raw(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), String> {
+    let timeout = std::time::Duration::from_secs(30);
+    match std::env::var("DOMUS_DAEMON_TCP") {
+        Ok(addr) => {
+            let token = match (std::env::var("DOMUS_TOKEN"), std::env::var_os("DOMUS_TOKEN_FILE")) {
+                (Ok(t), _) => t,
+                (_, Some(f)) => std::fs::read_to_string(&f)
+                    .map_err(|e| format!("DOMUS_TOKEN_FILE {}: {e}", Path::new(&f).display()))?
+                    .trim()
+                    .to_string(),
+                _ => return Err("DOMUS_DAEMON_TCP needs DOMUS_TOKEN or DOMUS_TOKEN_FILE".into()),
+            };
+            domus_http::tcp_request(&addr, &token, method, path, body, timeout)
+                .map_err(|e| format!("cannot reach the daemon at tcp {addr} ({e})"))
+        }
+        Err(_) => domus_http::request_within(sock, method, path, body, timeout).map_err(|e| {
+            format!(
+                "cannot reach the daemon at {} ({e}); is `domus daemon` running with the same state directory?",
+                sock.display()
+            )
+        }),
+    }
+}
+
 /// One request to the daemon; Err is the message to print.
 fn call(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<Value, String> {
-    let (status, text) = domus_http::request(sock, method, path, body).map_err(|e| {
-        format!(
-            "cannot reach the daemon at {} ({e}); is `domus daemon` running with the same state directory?",
-            sock.display()
-        )
-    })?;
+    let (status, text) = raw(sock, method, path, body)?;
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     if status >= 400 {
         return Err(v["error"].as_str().unwrap_or(&text).to_string());
@@ -105,7 +135,11 @@ fn call(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<Val
 
 pub fn daemon(a: DaemonArgs) -> ExitCode {
     let state = domus_daemon::state_dir(a.state.state_dir);
-    match domus_daemon::run(state, a.host_reserve) {
+    let tcp = a.listen_tcp.map(|addr| domus_daemon::TcpApi {
+        addr,
+        token_file: a.token_file.unwrap_or_else(|| state.join("token")),
+    });
+    match domus_daemon::run(state, a.host_reserve, tcp) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
@@ -245,14 +279,16 @@ pub fn shutdown(verb: &str, a: ShutdownArgs) -> ExitCode {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(a.timeout);
     while std::time::Instant::now() < end {
         std::thread::sleep(std::time::Duration::from_millis(200));
-        let now = match call(&sock, "GET", &format!("/v1/domains/{id}"), None) {
-            Ok(d) => d,
+        let now = match raw(&sock, "GET", &format!("/v1/domains/{id}"), None) {
+            Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
             // Gone: destroyed by on_poweroff (or on_reboot) = destroy.
-            Err(_) if verb == "shutdown" => {
+            Ok((404, _)) if verb == "shutdown" => {
                 println!("domain {name} has shut down");
                 return ExitCode::SUCCESS;
             }
-            Err(_) => return fail(format!("domain {name} went away instead of rebooting")),
+            Ok((404, _)) => return fail(format!("domain {name} went away instead of rebooting")),
+            Ok((status, text)) => return fail(format!("the daemon answered {status}: {text}")),
+            Err(e) => return fail(e),
         };
         let state = now["state"].as_str().unwrap_or("?");
         let restarted = now["pid"] != pid && state == "running";

@@ -1,5 +1,6 @@
-//! A small HTTP/1.1 server and client over Unix sockets, enough for the
-//! Domus REST APIs: one request per connection (`Connection: close`),
+//! A small HTTP/1.1 server and client over Unix sockets (and TCP, for a
+//! daemon that also listens on the network), enough for the Domus REST
+//! APIs: one request per connection (`Connection: close`),
 //! `Content-Length` bodies only, hard limits on every size, and a read
 //! timeout so a silent client cannot hold a connection thread forever.
 //!
@@ -7,6 +8,7 @@
 //! answers anything it does not accept with a 4xx.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
@@ -232,11 +234,36 @@ pub fn write_response(w: &mut impl Write, resp: &Response) -> std::io::Result<()
     w.flush()
 }
 
+/// A stream a request comes in on: a Unix or a TCP socket.
+pub trait Conn: Read + Write + Sized + Send + 'static {
+    fn duplicate(&self) -> std::io::Result<Self>;
+    fn set_timeouts(&self, t: Duration) -> std::io::Result<()>;
+}
+
+impl Conn for UnixStream {
+    fn duplicate(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
+impl Conn for TcpStream {
+    fn duplicate(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
 /// Serves one connection: reads a request, answers it, closes.
-pub fn serve_connection(stream: UnixStream, handler: &dyn Fn(&Request) -> Response) {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
-    let mut reader = BufReader::new(match stream.try_clone() {
+pub fn serve_connection<C: Conn>(stream: C, handler: &dyn Fn(&Request) -> Response) {
+    let _ = stream.set_timeouts(READ_TIMEOUT);
+    let mut reader = BufReader::new(match stream.duplicate() {
         Ok(s) => s,
         Err(_) => return,
     });
@@ -330,22 +357,50 @@ pub fn spawn_server(
     listener: UnixListener,
     handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    accept_loop(name, move || listener.accept().map(|(s, _)| s), handler)
+}
+
+/// [`spawn_server`] on a TCP listener.
+pub fn spawn_tcp_server(
+    name: &str,
+    listener: TcpListener,
+    handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    accept_loop(name, move || listener.accept().map(|(s, _)| s), handler)
+}
+
+fn accept_loop<C: Conn>(
+    name: &str,
+    mut accept: impl FnMut() -> std::io::Result<C> + Send + 'static,
+    handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(name.to_string())
         .stack_size(256 << 10)
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let h = handler.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("api-conn".into())
-                    .stack_size(256 << 10)
-                    .spawn(move || serve_connection(stream, &*h));
-                if spawned.is_err() {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+        .spawn(move || loop {
+            let Ok(stream) = accept() else { continue };
+            let h = handler.clone();
+            let spawned = std::thread::Builder::new()
+                .name("api-conn".into())
+                .stack_size(256 << 10)
+                .spawn(move || serve_connection(stream, &*h));
+            if spawned.is_err() {
+                std::thread::sleep(Duration::from_millis(10));
             }
         })
+}
+
+/// Whether `req` carries `Authorization: Bearer TOKEN` with this token
+/// (compared in constant time).
+pub fn bearer_ok(req: &Request, token: &str) -> bool {
+    let Some(given) = req
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Sends one request to the server at `socket` and returns the status and
@@ -368,11 +423,39 @@ pub fn request_within(
     body: Option<&str>,
     timeout: Duration,
 ) -> Result<(u16, String), HttpError> {
-    let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
+    let s = UnixStream::connect(socket)?;
+    s.set_timeouts(timeout)?;
+    exchange(s, method, path, body, None)
+}
+
+/// [`request_within`] to a daemon listening on TCP at `addr` (host:port),
+/// with its bearer token.
+pub fn tcp_request(
+    addr: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, String), HttpError> {
+    let s = TcpStream::connect(addr)?;
+    s.set_timeouts(timeout)?;
+    exchange(s, method, path, body, Some(token))
+}
+
+/// Writes one request on `s` and reads the answer.
+fn exchange<S: Read + Write>(
+    mut s: S,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> Result<(u16, String), HttpError> {
     let body = body.unwrap_or("");
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
     if !body.is_empty() || method == "PUT" || method == "POST" {
         req.push_str(&format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -518,5 +601,44 @@ mod tests {
         // A second server on a live socket is refused; a stale one is replaced.
         assert!(bind(&sock).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tcp_with_a_bearer_token() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let h: Arc<dyn Fn(&Request) -> Response + Send + Sync> = Arc::new(|r: &Request| {
+            if bearer_ok(r, "s3cret") {
+                Response::json(200, "{}")
+            } else {
+                Response::error(401, "bad token")
+            }
+        });
+        spawn_tcp_server("test-tcp", l, h).unwrap();
+        let t = Duration::from_secs(5);
+        assert_eq!(
+            tcp_request(&addr, "s3cret", "GET", "/", None, t).unwrap().0,
+            200
+        );
+        assert_eq!(
+            tcp_request(&addr, "s3cre", "GET", "/", None, t).unwrap().0,
+            401
+        );
+        assert_eq!(
+            tcp_request(&addr, "s3cretx", "GET", "/", None, t)
+                .unwrap()
+                .0,
+            401
+        );
+        let req = |auth: &str| Request {
+            method: "GET".into(),
+            path: "/".into(),
+            query: None,
+            headers: vec![("authorization".into(), auth.into())],
+            body: Vec::new(),
+        };
+        assert!(bearer_ok(&req("Bearer s3cret"), "s3cret"));
+        assert!(!bearer_ok(&req("Basic s3cret"), "s3cret"));
+        assert!(!bearer_ok(&req("Bearer "), "s3cret"));
     }
 }

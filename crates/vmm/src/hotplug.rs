@@ -107,9 +107,10 @@ impl api::Hotplug for VmHotplug {
         .map_err(|e| e.to_string())?;
         let slot = plug(&self.bus, &self.irqs, &self.mem, id, dev).map_err(|e| e.to_string())?;
         entry.slot = slot;
-        self.ports
-            .plugged(slot)
-            .map_err(|e| format!("telling the guest: {e}"))?;
+        if let Err(e) = self.ports.plugged(slot) {
+            self.bus.remove(slot);
+            return Err(format!("telling the guest: {e}"));
+        }
         Ok(entry)
     }
 
