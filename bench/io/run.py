@@ -273,7 +273,7 @@ def main():
     doc = {
         "benchmark": "bench/io",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "tools/bench-io",
+        "command": os.environ.get("BENCH_COMMAND", "tools/bench-io"),
         "machine": {
             "host": platform.node(),
             "kernel": platform.release(),
@@ -303,7 +303,7 @@ def main():
         "# bench/io results",
         "",
         f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel "
-        f"{platform.release()}), in the nested KVM host; command `tools/bench-io`; "
+        f"{platform.release()}), in the nested KVM host; command `{os.environ.get('BENCH_COMMAND', 'tools/bench-io')}`; "
         f"medians of {RUNS} rounds; block tests {SECONDS} s each on a {DATA_MIB} MiB data "
         f"disk, network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",
         "",
