@@ -1700,3 +1700,89 @@ fn daemon_hot_plugs_disks_and_interfaces() {
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The VMM's resident memory (VmRSS) in MiB.
+fn rss_mib(pid: u64) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        >> 10
+}
+
+#[test]
+fn daemon_mem_set_shrinks_the_guest_and_the_vmm() {
+    let dir = scratch("memset");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    // The guest fills its page cache with a 200 MiB disk: memory that is in
+    // use (resident in the VMM), not free, so free page reporting cannot
+    // give it back; only the balloon taking it from the guest can.
+    let img = image(&dir, "fill.img", 200);
+    let cmd = "cat /dev/vda > /dev/null; echo cached; \
+               while :; do echo memtotal=$(sed -n 's/MemTotal: *\\([0-9]*\\).*/\\1/p' /proc/meminfo); sleep 1; done";
+    let k = kit();
+    let cfg = dir.join("m.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = 'm'\nmemory = 384\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 domus.cmd={}'\ndisk = ['{},raw,xvda,ro']\n",
+            k.kernel.display(),
+            k.initrd.display(),
+            base64(cmd),
+            img.display()
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let (_, l, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&l).unwrap();
+    let (id, pid) = (l[1]["id"].as_u64().unwrap(), l[1]["pid"].as_u64().unwrap());
+    let console = state.join(format!("domains/{id}/console.log"));
+    assert!(wait_for_text(&console, "memtotal=", 1, 90));
+    let memtotal = || -> u64 {
+        std::fs::read_to_string(&console)
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .find_map(|l| l.trim().strip_prefix("memtotal="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            >> 10
+    };
+    let (total_before, rss_before) = (memtotal(), rss_mib(pid));
+    assert!(
+        rss_before > 220,
+        "the page cache is resident: {rss_before} MiB"
+    );
+    let (ok, _, err) = domus_cli(&state, &["mem-set", "m", "128M"]);
+    assert!(ok, "{err}");
+    // The guest gives up 256 MiB: its MemTotal and the VMM's RSS drop.
+    let end = Instant::now() + Duration::from_secs(60);
+    while (memtotal() + 200 > total_before || rss_mib(pid) + 150 > rss_before)
+        && Instant::now() < end
+    {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (total_after, rss_after) = (memtotal(), rss_mib(pid));
+    eprintln!(
+        "mem-set 128M: guest MemTotal {total_before} -> {total_after} MiB, VMM RSS {rss_before} -> {rss_after} MiB"
+    );
+    assert!(
+        total_after + 200 <= total_before,
+        "guest MemTotal {total_before} -> {total_after} MiB"
+    );
+    assert!(
+        rss_after + 150 <= rss_before,
+        "VMM RSS {rss_before} -> {rss_after} MiB"
+    );
+    let (_, l, _) = domus_cli(&state, &["list", "--json"]);
+    assert!(l.contains("\"memory_mib\": 128"), "{l}");
+    assert!(domus_cli(&state, &["destroy", "m"]).0);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
