@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
@@ -432,7 +432,7 @@ impl Engine {
             let len = match self.rx_frame {
                 Some(l) => l,
                 None => {
-                    let w = self.limiter.lock().wait(Instant::now());
+                    let w = self.limiter.wait();
                     if !w.is_zero() {
                         return Rx::Throttled(w);
                     }
@@ -461,9 +461,7 @@ impl Engine {
                             }
                             add(&self.counters.rx_packets, 1);
                             add(&self.counters.rx_bytes, (len - HDR_LEN) as u64);
-                            self.limiter
-                                .lock()
-                                .charge((len - HDR_LEN) as u64, Instant::now());
+                            self.limiter.charge((len - HDR_LEN) as u64);
                         }
                         None => {
                             for (head, _) in chains {
@@ -497,7 +495,7 @@ impl Engine {
                     continue;
                 };
                 let bytes = (len - HDR_LEN) as u64;
-                if let Err(w) = self.limiter.lock().consume(bytes, Instant::now()) {
+                if let Err(w) = self.limiter.consume(bytes) {
                     self.tx.go_to_previous_position();
                     throttled = Some(w);
                     break 'outer;

@@ -78,6 +78,11 @@ impl RateLimiter {
         self.limits
     }
 
+    /// No limit is set: nothing needs the clock.
+    pub fn unlimited(&self) -> bool {
+        self.bytes.is_none() && self.ops.is_none()
+    }
+
     /// Replaces the limits (at run time); buckets start full.
     pub fn set_limits(&mut self, limits: Limits) {
         *self = Self::new(limits);
@@ -158,6 +163,37 @@ impl Shared {
     pub fn set_limits(&self, limits: Limits) {
         self.lock().set_limits(limits);
         let _ = self.changed.write(1);
+    }
+
+    // The per-packet and per-request entry points read the clock only when
+    // a limit is set: a clock read can be a system call (on hosts whose
+    // clocksource is not the TSC, such as the nested test host's HPET), and
+    // these run once per frame.
+
+    /// [`RateLimiter::consume`] now.
+    pub fn consume(&self, bytes: u64) -> Result<(), Duration> {
+        let mut l = self.lock();
+        if l.unlimited() {
+            return Ok(());
+        }
+        l.consume(bytes, Instant::now())
+    }
+
+    /// [`RateLimiter::wait`] now.
+    pub fn wait(&self) -> Duration {
+        let mut l = self.lock();
+        if l.unlimited() {
+            return Duration::ZERO;
+        }
+        l.wait(Instant::now())
+    }
+
+    /// [`RateLimiter::charge`] now.
+    pub fn charge(&self, bytes: u64) {
+        let mut l = self.lock();
+        if !l.unlimited() {
+            l.charge(bytes, Instant::now());
+        }
     }
 }
 
@@ -254,5 +290,24 @@ mod tests {
         assert!(l.consume(1, now).is_err());
         l.set_limits(Limits::default());
         assert!(l.consume(1, now).is_ok());
+    }
+
+    #[test]
+    fn shared_limiter_only_counts_when_limited() {
+        let s = Shared::new(Limits::default()).unwrap();
+        assert!(s.lock().unlimited());
+        for _ in 0..1000 {
+            assert!(s.consume(1 << 20).is_ok());
+            s.charge(1 << 20);
+        }
+        assert!(s.wait().is_zero());
+        s.set_limits(Limits {
+            bytes_per_sec: Some(1000),
+            ops_per_sec: None,
+        });
+        assert!(!s.lock().unlimited());
+        assert!(s.consume(1000).is_ok(), "the bucket starts full");
+        assert!(s.consume(1000).is_err(), "then it is empty");
+        assert!(!s.wait().is_zero());
     }
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use domus_devices::bus::lock;
 use virtio_queue::{Queue, QueueT};
@@ -355,7 +355,7 @@ impl Engine {
     /// Hands a request to the I/O threads if the limiter allows; else
     /// keeps it and arms the timer. Returns false when throttled.
     fn submit(&mut self, job: Job, timer: &mut TimerFd) -> bool {
-        let r = self.limiter.lock().consume(job.req.bytes(), Instant::now());
+        let r = self.limiter.consume(job.req.bytes());
         match r {
             Ok(()) => {
                 if let Some(tx) = &self.jobs {
