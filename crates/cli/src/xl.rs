@@ -291,7 +291,14 @@ pub fn shutdown(verb: &str, a: ShutdownArgs) -> ExitCode {
             Err(e) => return fail(e),
         };
         let state = now["state"].as_str().unwrap_or("?");
-        let restarted = now["pid"] != pid && state == "running";
+        // A new VMM counts once its own API answers (the daemon records it
+        // as running as soon as it has started it).
+        let restarted = now["pid"] != pid
+            && state == "running"
+            && matches!(
+                raw(&sock, "GET", &format!("/v1/domains/{id}/devices"), None),
+                Ok((200, _))
+            );
         match (verb, state) {
             (_, "shutdown" | "crashed") => {
                 println!("domain {name} is {state}");
