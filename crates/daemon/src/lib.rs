@@ -258,6 +258,16 @@ impl Daemon {
     }
 }
 
+/// A domain's cgroup settings, from its configuration.
+fn limits(c: &DomainConfig) -> cgroup::Limits {
+    cgroup::Limits {
+        weight: c.cpu_weight,
+        cap: c.cap,
+        cpus: c.cpus.clone(),
+        maxmem_mib: c.maxmem_mib,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -541,16 +551,7 @@ impl Daemon {
             .stderr(Stdio::from(log));
         let procs = match &self.cgroup_base {
             Some(base) => {
-                let g = cgroup::create(
-                    base,
-                    &self.cgroup_name(r.id),
-                    &cgroup::Limits {
-                        weight: c.cpu_weight,
-                        cap: c.cap,
-                        cpus: c.cpus.clone(),
-                        maxmem_mib: c.maxmem_mib,
-                    },
-                )?;
+                let g = cgroup::create(base, &self.cgroup_name(r.id), &limits(&c))?;
                 Some(
                     std::fs::OpenOptions::new()
                         .write(true)
@@ -774,10 +775,8 @@ impl Daemon {
             cgroup::update(
                 &g,
                 &cgroup::Limits {
-                    weight: c.cpu_weight,
-                    cap: c.cap,
-                    cpus: c.cpus.clone(),
                     maxmem_mib: ram.map_or(mib, |ram| ram.min(mib)),
+                    ..limits(&c)
                 },
             )?;
         }
@@ -1043,15 +1042,7 @@ impl Daemon {
             c.cap = cp;
         }
         if let Some(g) = self.cgroup_path(&r) {
-            cgroup::update(
-                &g,
-                &cgroup::Limits {
-                    weight: c.cpu_weight,
-                    cap: c.cap,
-                    cpus: c.cpus.clone(),
-                    maxmem_mib: c.maxmem_mib,
-                },
-            )?;
+            cgroup::update(&g, &limits(&c))?;
         }
         if let Some(w) = weight {
             self.remember(&r, "cpu_weight", &w.to_string())?;
