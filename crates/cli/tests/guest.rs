@@ -1006,11 +1006,48 @@ fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn start_daemon(state: &std::path::Path) -> std::process::Child {
+/// A daemon a test started. Its log (stderr) goes to `daemon.log` beside the
+/// state directory, kept across restarts; a test that fails prints it, so
+/// that CI shows what the daemon saw.
+struct TestDaemon {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl std::ops::Deref for TestDaemon {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for TestDaemon {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.child
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("---- the daemon's log ({}):\n{log}", self.log.display());
+        }
+    }
+}
+
+fn start_daemon(state: &std::path::Path) -> TestDaemon {
+    let log = state.with_file_name("daemon.log");
+    std::fs::create_dir_all(state.parent().unwrap()).unwrap();
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_domus"))
         .args(["daemon", "--state-dir"])
         .arg(state)
-        .stderr(Stdio::null())
+        .stderr(out)
         .spawn()
         .unwrap();
     let sock = state.join("domusd.sock");
@@ -1019,7 +1056,7 @@ fn start_daemon(state: &std::path::Path) -> std::process::Child {
         assert!(Instant::now() < end, "the daemon did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    TestDaemon { child, log }
 }
 
 #[test]
@@ -1220,19 +1257,33 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let links = String::from_utf8_lossy(&links.stdout);
     let prefix = format!(": dm{}", domus_daemon::instance_tag(&state));
     assert!(!links.contains(&prefix), "taps left: {links}");
-    let cg = std::path::Path::new("/sys/fs/cgroup/domus");
-    if cg.exists() {
-        let tag = domus_daemon::instance_tag(&state);
-        let left: Vec<_> = std::fs::read_dir(cg)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().is_dir() && e.file_name().to_string_lossy().starts_with(&tag))
-            .collect();
-        assert!(left.is_empty(), "cgroups left: {left:?}");
-    }
+    assert_no_cgroups_left(&state);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// No cgroup of the daemon on `state` is left. The kernel lets go of a
+/// group a little after its last task ended; the daemon's monitor removes
+/// the ones it could not at once, so this waits up to 15 s for it.
+fn assert_no_cgroups_left(state: &std::path::Path) {
+    let tag = domus_daemon::instance_tag(state);
+    let left = || -> Vec<String> {
+        std::fs::read_dir("/sys/fs/cgroup/domus")
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| n.starts_with(&tag))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let end = Instant::now() + Duration::from_secs(15);
+    while !left().is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(left().is_empty(), "cgroups left: {:?}", left());
 }
 
 fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &str) -> PathBuf {
@@ -1397,14 +1448,7 @@ fn daemon_50_concurrent_creates_and_destroys_leave_nothing_behind() {
     let (_, out, _) = domus_cli(&state, &["info", "--json"]);
     let info: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(info["domain_memory_mib"], 0);
-    let tag = domus_daemon::instance_tag(&state);
-    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup/domus") {
-        let left: Vec<_> = rd
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&tag))
-            .collect();
-        assert!(left.is_empty(), "cgroups left: {left:?}");
-    }
+    assert_no_cgroups_left(&state);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);

@@ -15,8 +15,9 @@ pub mod db;
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -219,6 +220,29 @@ impl Request {
     }
 }
 
+/// An exit status in words, for the log.
+fn describe_status(status: Option<ExitStatus>) -> String {
+    match status {
+        None => "exit status unknown: the VMM was started by an earlier daemon".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("exit status {c}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            (None, None) => s.to_string(),
+        },
+    }
+}
+
+/// The last `n` lines of a text file, or nothing.
+fn tail(path: &Path, n: usize) -> Vec<String> {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect()
+}
+
 /// How a domain's VMM ended, from its exit status (see `domus run --help`)
 /// and what had been asked of it.
 fn end_kind(code: Option<i32>, requested: Option<Request>) -> &'static str {
@@ -242,6 +266,9 @@ pub struct Daemon {
     /// Serialises creates and destroys, so concurrent requests never see a
     /// half-made domain.
     lifecycle: Mutex<()>,
+    /// cgroups of ended domains the kernel had not let go of yet; the
+    /// monitor removes them.
+    stale_cgroups: Mutex<Vec<String>>,
 }
 
 impl Daemon {
@@ -319,6 +346,7 @@ impl Daemon {
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(()),
+            stale_cgroups: Mutex::new(Vec::new()),
         });
         d.recover()?;
         Ok(d)
@@ -331,6 +359,17 @@ impl Daemon {
 
     fn recover(&self) -> Result<()> {
         let rows = lock(&self.db).all()?;
+        // Groups of domains that ended while no daemon ran, or that the last
+        // daemon had not removed yet.
+        if let Some(base) = &self.cgroup_base {
+            let known: Vec<String> = rows.iter().map(|r| self.cgroup_name(r.id)).collect();
+            let prefix = format!("{}-d", self.tag);
+            lock(&self.stale_cgroups).extend(
+                cgroup::list(base, &prefix)
+                    .into_iter()
+                    .filter(|n| !known.contains(n)),
+            );
+        }
         for r in rows {
             match r.state.as_str() {
                 // A create the last daemon did not finish: undo it.
@@ -629,7 +668,12 @@ impl Daemon {
             let _ = ip(&["link", "del", &t]);
         }
         if let Some(base) = &self.cgroup_base {
-            cgroup::remove(base, &self.cgroup_name(r.id));
+            let name = self.cgroup_name(r.id);
+            cgroup::kill(base, &name);
+            if let Err(e) = cgroup::remove(base, &name, Duration::from_secs(1)) {
+                self.log(&format!("{e}: removing it later"));
+                lock(&self.stale_cgroups).push(name);
+            }
         }
         let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
         lock(&self.db).delete(r.id)?;
@@ -1273,11 +1317,12 @@ impl Daemon {
         Ok(out)
     }
 
-    /// A domain's VMM ended with `code` (None: unknown); applies its
-    /// on_poweroff / on_reboot / on_crash action.
-    fn ended(&self, r: &db::Row, code: Option<i32>) -> Result<()> {
+    /// A domain's VMM ended with `status` (None: unknown, it was not our
+    /// child); applies its on_poweroff / on_reboot / on_crash action.
+    fn ended(&self, r: &db::Row, status: Option<ExitStatus>) -> Result<()> {
         let c = self.load(r).ok();
         let requested = lock(&self.live).get(&r.id).and_then(|l| l.requested);
+        let code = status.and_then(|s| s.code());
         let why = end_kind(code, requested);
         let act = match why {
             "powered off" => c.as_ref().map_or(Action::Destroy, |c| c.on_poweroff),
@@ -1285,11 +1330,15 @@ impl Daemon {
             _ => c.as_ref().map_or(Action::Destroy, |c| c.on_crash),
         };
         self.log(&format!(
-            "domain {} {why} ({:?}): {}",
+            "domain {} {why} ({}): {}",
             r.name,
-            code,
+            describe_status(status),
             act.as_str()
         ));
+        if why == "crashed" {
+            // What is left to tell why, before on_crash may remove it.
+            self.log_crash_evidence(r);
+        }
         match act {
             Action::Destroy => self.cleanup(r),
             Action::Preserve => {
@@ -1325,10 +1374,45 @@ impl Daemon {
         }
     }
 
-    /// One pass of the monitor: reaps ended VMMs and restarts domains
-    /// whose back-off is over.
+    /// Logs what may tell why a domain crashed: whether its cgroup's memory
+    /// limit killed it, and the last lines of its VMM's log and console.
+    fn log_crash_evidence(&self, r: &db::Row) {
+        if let Some(base) = &self.cgroup_base {
+            let events = cgroup::group(base, &self.cgroup_name(r.id)).join("memory.events");
+            let kills = std::fs::read_to_string(events)
+                .ok()
+                .and_then(|t| cgroup::oom_kills(&t));
+            if let Some(k) = kills.filter(|k| *k > 0) {
+                self.log(&format!(
+                    "domain {}: its memory.max killed {k} process(es)",
+                    r.name
+                ));
+            }
+        }
+        let dir = domain_dir(&self.state, r.id);
+        for (file, what) in [("vmm.log", "VMM log"), ("console.log", "console")] {
+            for l in tail(&dir.join(file), 10) {
+                self.log(&format!("domain {} {what}: {l}", r.name));
+            }
+        }
+    }
+
+    /// One pass of the monitor: reaps ended VMMs, restarts domains whose
+    /// back-off is over, and removes the cgroups the kernel has let go of.
     pub fn monitor_once(&self) {
         let _guard = lock(&self.lifecycle);
+        if let Some(base) = &self.cgroup_base {
+            lock(&self.stale_cgroups).retain(|n| {
+                cgroup::kill(base, n);
+                match cgroup::remove(base, n, Duration::ZERO) {
+                    Ok(()) => {
+                        self.log(&format!("removed cgroup {n}"));
+                        false
+                    }
+                    Err(_) => true,
+                }
+            });
+        }
         let rows = match lock(&self.db).all() {
             Ok(r) => r,
             Err(_) => return,
@@ -1343,7 +1427,7 @@ impl Daemon {
                         child: Some(ch), ..
                     }) if r.state == "running" => {
                         if let Ok(Some(st)) = ch.try_wait() {
-                            ended = Some(st.code());
+                            ended = Some(Some(st));
                         }
                     }
                     Some(Live {
@@ -1541,6 +1625,31 @@ mod tests {
         assert_eq!(end_kind(None, Some(Request::PowerOff)), "powered off");
         // A guest that panics on the way down has crashed all the same.
         assert_eq!(end_kind(Some(4), Some(Request::PowerOff)), "crashed");
+    }
+
+    #[test]
+    fn end_statuses_in_words() {
+        // Wait statuses as waitpid(2) gives them: exit code in the high byte,
+        // a signal in the low bits.
+        assert_eq!(
+            describe_status(Some(ExitStatus::from_raw(4 << 8))),
+            "exit status 4"
+        );
+        assert_eq!(
+            describe_status(Some(ExitStatus::from_raw(9))),
+            "killed by signal 9"
+        );
+        assert!(describe_status(None).contains("unknown"));
+    }
+
+    #[test]
+    fn tail_keeps_the_last_non_blank_lines() {
+        let p = std::env::temp_dir().join(format!("domus-tail-{}", std::process::id()));
+        std::fs::write(&p, "a\nb\n\nc\nd\n").unwrap();
+        assert_eq!(tail(&p, 2), ["c", "d"]);
+        assert_eq!(tail(&p, 10), ["a", "b", "c", "d"]);
+        let _ = std::fs::remove_file(&p);
+        assert!(tail(&p, 3).is_empty());
     }
 
     #[test]
