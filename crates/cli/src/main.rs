@@ -164,6 +164,11 @@ struct RunArgs {
     /// The domain's name, as the API reports it.
     #[arg(long, value_name = "NAME", default_value = "domain")]
     name: String,
+    /// On exit, write the exit status and its reason here ("3 the guest
+    /// reset ..."), for a supervisor that is not this process's parent and
+    /// so cannot wait for it (domus daemon, after a restart).
+    #[arg(long, value_name = "PATH")]
+    exit_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -180,6 +185,7 @@ struct KitArgs {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    let exit_file = args.exit_file;
     let cfg = VmConfig {
         kernel: args.kernel,
         initrd: args.initrd,
@@ -195,22 +201,34 @@ fn run(args: RunArgs) -> ExitCode {
         api_socket: args.api_socket,
         name: args.name,
     };
-    match domus_vmm::run(&cfg) {
+    let (code, why) = match domus_vmm::run(&cfg) {
         Ok(reason) => {
             if let domus_vmm::ExitReason::Crash(why) = &reason {
                 eprintln!("domus: guest crashed: {why}");
             }
-            ExitCode::from(reason.code() as u8)
+            (reason.code(), reason.describe())
         }
         Err(e) => {
-            eprintln!("domus: {}", chain(&e));
-            ExitCode::from(if e.is_user_error() {
+            let why = chain(&e);
+            eprintln!("domus: {why}");
+            let code = if e.is_user_error() {
                 EXIT_BAD_INPUT
             } else {
                 EXIT_VMM_ERROR
-            } as u8)
+            };
+            (code, why)
+        }
+    };
+    if let Some(path) = &exit_file {
+        // Written whole and then renamed, so a reader never sees half of it.
+        let tmp = path.with_extension("tmp");
+        let written = std::fs::write(&tmp, format!("{code} {why}\n"))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            eprintln!("domus: writing the exit file {}: {e}", path.display());
         }
     }
+    ExitCode::from(code as u8)
 }
 
 /// An error and its sources on one line.

@@ -1011,6 +1011,7 @@ fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
 /// that CI shows what the daemon saw.
 struct TestDaemon {
     child: std::process::Child,
+    state: std::path::PathBuf,
     log: std::path::PathBuf,
 }
 
@@ -1032,6 +1033,14 @@ impl Drop for TestDaemon {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             eprintln!("---- the daemon's log ({}):\n{log}", self.log.display());
+            // A failed test takes its daemon and domains down, so that they
+            // do not slow the tests that run after it.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let domains = self.state.join("domains");
+            let _ = Command::new("pkill")
+                .args(["-9", "-f", &format!("api-socket {}/", domains.display())])
+                .status();
         }
     }
 }
@@ -1056,7 +1065,11 @@ fn start_daemon(state: &std::path::Path) -> TestDaemon {
         assert!(Instant::now() < end, "the daemon did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
-    TestDaemon { child, log }
+    TestDaemon {
+        child,
+        state: state.to_path_buf(),
+        log,
+    }
 }
 
 #[test]

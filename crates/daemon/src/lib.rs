@@ -223,13 +223,24 @@ impl Request {
 /// An exit status in words, for the log.
 fn describe_status(status: Option<ExitStatus>) -> String {
     match status {
-        None => "exit status unknown: the VMM was started by an earlier daemon".into(),
+        None => "killed: it was started by an earlier daemon and left no exit file".into(),
         Some(s) => match (s.code(), s.signal()) {
             (Some(c), _) => format!("exit status {c}"),
             (None, Some(sig)) => format!("killed by signal {sig}"),
             (None, None) => s.to_string(),
         },
     }
+}
+
+/// How a VMM that was not our child ended, from the exit file it writes
+/// (`domus run --exit-file`) in the domain's directory `dir`: its exit
+/// status as a wait status, or None when it wrote none (it was killed).
+fn exit_file_status(dir: &Path) -> Option<ExitStatus> {
+    let text = std::fs::read_to_string(dir.join("exit")).ok()?;
+    let code: i32 = text.split_whitespace().next()?.parse().ok()?;
+    (0..=255)
+        .contains(&code)
+        .then(|| ExitStatus::from_raw(code << 8))
 }
 
 /// The last `n` lines of a text file, or nothing.
@@ -389,7 +400,7 @@ impl Daemon {
                 }
                 "running" => {
                     self.log(&format!("domain {} ended while no daemon ran", r.name));
-                    self.ended(&r, None)?;
+                    self.ended(&r, exit_file_status(&domain_dir(&self.state, r.id)))?;
                 }
                 _ => {}
             }
@@ -552,6 +563,8 @@ impl Daemon {
             .arg(format!("file:{}", dir.join("console.log").display()))
             .arg("--api-socket")
             .arg(&api)
+            .arg("--exit-file")
+            .arg(dir.join("exit"))
             .arg("--balloon");
         if let Some(rd) = &c.ramdisk {
             cmd.arg("--initrd").arg(rd);
@@ -584,6 +597,7 @@ impl Daemon {
             }
             cmd.arg("--net").arg(spec);
         }
+        let _ = std::fs::remove_file(dir.join("exit"));
         let log = std::fs::File::create(dir.join("vmm.log"))?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
@@ -1438,7 +1452,9 @@ impl Daemon {
                         if r.state == "running"
                             && !r.pid.is_some_and(|p| alive(p, r.start_time)) =>
                     {
-                        ended = Some(None);
+                        // Not our child (started by an earlier daemon): its
+                        // exit file says how it ended.
+                        ended = Some(exit_file_status(&domain_dir(&self.state, r.id)));
                     }
                     _ => {}
                 }
@@ -1639,7 +1655,27 @@ mod tests {
             describe_status(Some(ExitStatus::from_raw(9))),
             "killed by signal 9"
         );
-        assert!(describe_status(None).contains("unknown"));
+        assert!(describe_status(None).contains("no exit file"));
+    }
+
+    #[test]
+    fn an_adopted_vmm_tells_how_it_ended_in_its_exit_file() {
+        let d = std::env::temp_dir().join(format!("domus-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        assert_eq!(exit_file_status(&d), None);
+        std::fs::write(
+            d.join("exit"),
+            "3 the guest reset (a reboot, or a triple fault)\n",
+        )
+        .unwrap();
+        let st = exit_file_status(&d).unwrap();
+        assert_eq!(st.code(), Some(3));
+        assert_eq!(end_kind(st.code(), None), "rebooted");
+        for bad in ["", "x", "-1 no", "300 no"] {
+            std::fs::write(d.join("exit"), bad).unwrap();
+            assert_eq!(exit_file_status(&d), None, "{bad:?}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

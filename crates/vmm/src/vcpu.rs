@@ -143,8 +143,12 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &Buses) -> Option<Stop> {
             None
         }
         VcpuExit::Intr | VcpuExit::IrqWindowOpen => None,
-        // A triple fault: Linux's last way to reboot.
-        VcpuExit::Shutdown => Some(Stop::Guest(GuestEvent::Reset)),
+        // A triple fault: Linux's last way to reboot, and what a guest that
+        // has wrecked its own state ends in; say which it was.
+        VcpuExit::Shutdown => {
+            eprintln!("domus: a vCPU triple-faulted (KVM_EXIT_SHUTDOWN); the guest resets");
+            Some(Stop::Guest(GuestEvent::Reset))
+        }
         VcpuExit::SystemEvent(kind, _) => Some(match kind {
             kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => Stop::Guest(GuestEvent::PowerOff),
             kvm_bindings::KVM_SYSTEM_EVENT_RESET => Stop::Guest(GuestEvent::Reset),

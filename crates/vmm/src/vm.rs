@@ -57,6 +57,16 @@ pub const EXIT_CRASH: i32 = 4;
 pub const EXIT_QUIT: i32 = 130;
 
 impl ExitReason {
+    /// The reason in words, for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            ExitReason::PowerOff => "the guest powered off".into(),
+            ExitReason::Reset => "the guest reset (a reboot, or a triple fault)".into(),
+            ExitReason::Crash(why) => format!("the guest crashed: {why}"),
+            ExitReason::Quit => "ended from the console".into(),
+        }
+    }
+
     pub fn code(&self) -> i32 {
         match self {
             ExitReason::PowerOff => EXIT_POWEROFF,
