@@ -708,6 +708,16 @@ pub fn console(a: ConsoleArgs) -> ExitCode {
                 if call(&sock, "GET", &format!("/v1/domains/{}", d["id"]), None).is_err() {
                     return ExitCode::SUCCESS;
                 }
+                // A restart moves the log to console.log.1 and starts a new
+                // one: follow the new one, as `tail -F` does.
+                use std::os::unix::fs::MetadataExt;
+                let ino = |m: std::io::Result<std::fs::Metadata>| m.ok().map(|m| m.ino());
+                if ino(std::fs::metadata(&path)).is_some_and(|i| Some(i) != ino(f.metadata())) {
+                    if let Ok(new) = std::fs::File::open(&path) {
+                        f = new;
+                        continue;
+                    }
+                }
                 std::thread::sleep(std::time::Duration::from_millis(200));
             }
             Ok(n) => {

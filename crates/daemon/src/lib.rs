@@ -597,7 +597,11 @@ impl Daemon {
             }
             cmd.arg("--net").arg(spec);
         }
+        // A restart keeps the last run's logs, as vmm.log.1 and console.log.1.
         let _ = std::fs::remove_file(dir.join("exit"));
+        for f in ["vmm.log", "console.log"] {
+            let _ = std::fs::rename(dir.join(f), dir.join(format!("{f}.1")));
+        }
         let log = std::fs::File::create(dir.join("vmm.log"))?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
@@ -1349,8 +1353,9 @@ impl Daemon {
             describe_status(status),
             act.as_str()
         ));
-        if why == "crashed" {
-            // What is left to tell why, before on_crash may remove it.
+        if why == "crashed" || (why == "rebooted" && requested.is_none()) {
+            // What is left to tell why, before on_crash may remove it or a
+            // restart starts new logs.
             self.log_crash_evidence(r);
         }
         match act {
