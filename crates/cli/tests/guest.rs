@@ -1045,6 +1045,30 @@ impl Drop for TestDaemon {
     }
 }
 
+/// The domains a daemon's log names as having triple-faulted (and so
+/// reset; see `Daemon::ended`).
+fn triple_faulted(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("VMM log: domus: a vCPU triple-faulted"))
+        .filter_map(|l| {
+            l.strip_prefix("domusd: domain ")?
+                .split(" VMM log")
+                .next()
+                .map(String::from)
+        })
+        .collect()
+}
+
+/// Whether process `pid` is running (not gone, not a zombie).
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| !s[i + 2..].starts_with(['Z', 'X'])))
+        .unwrap_or(false)
+}
+
 fn start_daemon(state: &std::path::Path) -> TestDaemon {
     let log = state.with_file_name("daemon.log");
     std::fs::create_dir_all(state.parent().unwrap()).unwrap();
@@ -1159,20 +1183,40 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(cpu("dom-a") - a > 0.2, "an unpaused domain did not run");
 
-    // SIGKILL the daemon: the domains keep running and a new daemon finds them.
+    // SIGKILL the daemon: the domains keep running and a new daemon finds
+    // them. A guest that triple-faults resets, and the daemon restarts it
+    // (on_reboot) in a new VMM; in the nested test host an idle guest has
+    // been seen to do that now and then (README, "Known issues"). Such a
+    // domain must have been logged as triple-faulted; every other domain
+    // keeps its VMM.
+    let log = daemon.log.clone();
+    let reset = || triple_faulted(&log);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
-    for p in &pids {
+    for (n, p) in names.iter().zip(&pids) {
         assert!(
-            std::path::Path::new(&format!("/proc/{p}")).exists(),
-            "domain {p} died with the daemon"
+            alive(*p) || reset().contains(&n.to_string()),
+            "{n} (pid {p}) died with the daemon"
         );
     }
     let mut daemon = start_daemon(&state);
-    let l = list(&state);
-    let again: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
-    assert_eq!(again, pids);
+    let end = Instant::now() + Duration::from_secs(30);
+    let l = loop {
+        let l = list(&state);
+        if l[1..].iter().all(|d| d["state"] == "running") || Instant::now() > end {
+            break l;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(l[1..].iter().all(|d| d["state"] == "running"), "{l:?}");
+    let again: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+    for ((n, p), q) in names.iter().zip(&pids).zip(&again) {
+        assert!(
+            p == q || reset().contains(&n.to_string()),
+            "{n}: pid {p} before the daemon restart, {q} after"
+        );
+    }
+    let pids = again;
 
     // mem-set moves the balloon.
     let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "160M"]);
