@@ -143,8 +143,8 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &Buses) -> Option<Stop> {
             None
         }
         VcpuExit::Intr | VcpuExit::IrqWindowOpen => None,
-        // A triple fault: Linux's last way to reboot, and what a guest that
-        // has wrecked its own state ends in; say which it was.
+        // A triple fault: Linux's last way to reboot, and also how a guest
+        // that has wrecked its own state ends; the log says it was one.
         VcpuExit::Shutdown => {
             eprintln!("domus: a vCPU triple-faulted (KVM_EXIT_SHUTDOWN); the guest resets");
             Some(Stop::Guest(GuestEvent::Reset))
