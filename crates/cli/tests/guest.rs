@@ -1116,16 +1116,13 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
         } else {
             "while :; do sleep 1; done"
         };
-        let cfg = dir.join(format!("{n}.cfg"));
-        std::fs::write(
-            &cfg,
-            format!(
-                "name = '{n}'\nmemory = 192\nmaxmem = 256\nvcpus = 1\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 -- {cmd}'\nvif = ['bridge={br}']\non_crash = 'destroy'\n",
-                k.kernel.display(),
-                k.initrd.display()
-            ),
-        )
-        .unwrap();
+        let cfg = domain_config(
+            &dir,
+            n,
+            192,
+            &format!("-- {cmd}"),
+            &format!("maxmem = 256\nvcpus = 1\nvif = ['bridge={br}']\non_crash = 'destroy'"),
+        );
         let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
         assert!(ok, "create {n}: {out}{err}");
     }
@@ -1325,17 +1322,7 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
 /// the ones it could not at once, so this waits up to 15 s for it.
 fn assert_no_cgroups_left(state: &std::path::Path) {
     let tag = domus_daemon::instance_tag(state);
-    let left = || -> Vec<String> {
-        std::fs::read_dir("/sys/fs/cgroup/domus")
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .filter(|e| e.path().is_dir())
-                    .map(|e| e.file_name().to_string_lossy().to_string())
-                    .filter(|n| n.starts_with(&tag))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let left = || domus_daemon::cgroup::list(&domus_daemon::cgroup::root(), &tag);
     let end = Instant::now() + Duration::from_secs(15);
     while !left().is_empty() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(200));
@@ -1343,19 +1330,32 @@ fn assert_no_cgroups_left(state: &std::path::Path) {
     assert!(left().is_empty(), "cgroups left: {:?}", left());
 }
 
-fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &str) -> PathBuf {
+/// Writes `dir/NAME.cfg`: a kit domain with `memory` MiB, `init` after the
+/// kernel's console options on its command line (`-- CMD` or
+/// `domus.cmd=BASE64`), and any further `settings` lines.
+fn domain_config(
+    dir: &std::path::Path,
+    name: &str,
+    memory: u32,
+    init: &str,
+    settings: &str,
+) -> PathBuf {
     let k = kit();
     let cfg = dir.join(format!("{name}.cfg"));
     std::fs::write(
         &cfg,
         format!(
-            "name = '{name}'\nmemory = 128\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 -- {cmd}'\n{extra_settings}\n",
+            "name = '{name}'\nmemory = {memory}\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 {init}'\n{settings}\n",
             k.kernel.display(),
             k.initrd.display()
         ),
     )
     .unwrap();
     cfg
+}
+
+fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &str) -> PathBuf {
+    domain_config(dir, name, 128, &format!("-- {cmd}"), extra_settings)
 }
 
 #[test]
@@ -1681,18 +1681,7 @@ fn daemon_hot_plugs_disks_and_interfaces() {
                if [ -e /sys/class/net/eth0 ]; then ip addr add 10.81.0.2/24 dev eth0 2>/dev/null; \
                ip link set eth0 up; ping -c1 -W1 10.81.0.1 >/dev/null 2>&1 && echo net-ok; fi; \
                echo tick; sleep 1; done";
-    let k = kit();
-    let cfg = dir.join("hp.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "name = 'hp'\nmemory = 128\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 domus.cmd={}'\n",
-            k.kernel.display(),
-            k.initrd.display(),
-            base64(cmd)
-        ),
-    )
-    .unwrap();
+    let cfg = domain_config(&dir, "hp", 128, &format!("domus.cmd={}", base64(cmd)), "");
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
     let (_, l, _) = domus_cli(&state, &["list", "--json"]);
@@ -1824,19 +1813,13 @@ fn daemon_mem_set_shrinks_the_guest_and_the_vmm() {
     let img = image(&dir, "fill.img", 200);
     let cmd = "cat /dev/vda > /dev/null; echo cached; \
                while :; do echo memtotal=$(sed -n 's/MemTotal: *\\([0-9]*\\).*/\\1/p' /proc/meminfo); sleep 1; done";
-    let k = kit();
-    let cfg = dir.join("m.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "name = 'm'\nmemory = 384\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 domus.cmd={}'\ndisk = ['{},raw,xvda,ro']\n",
-            k.kernel.display(),
-            k.initrd.display(),
-            base64(cmd),
-            img.display()
-        ),
-    )
-    .unwrap();
+    let cfg = domain_config(
+        &dir,
+        "m",
+        384,
+        &format!("domus.cmd={}", base64(cmd)),
+        &format!("disk = ['{},raw,xvda,ro']", img.display()),
+    );
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
     let (_, l, _) = domus_cli(&state, &["list", "--json"]);
