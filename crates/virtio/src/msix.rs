@@ -232,7 +232,7 @@ impl Msix {
         for (i, b) in data.iter_mut().enumerate() {
             *b = usize::try_from(offset)
                 .ok()
-                .and_then(|o| bytes.get(o + i))
+                .and_then(|o| bytes.get(o.checked_add(i)?))
                 .copied()
                 .unwrap_or(0);
         }

@@ -474,7 +474,7 @@ impl PciDevice for VirtioPci {
         if bar != 0 || data.len() > 8 {
             return;
         }
-        let end = offset + data.len() as u64;
+        let end = offset.saturating_add(data.len() as u64);
         match offset {
             o if end <= COMMON + COMMON_LEN => self.read_common(o - COMMON, data),
             ISR => {
@@ -498,7 +498,7 @@ impl PciDevice for VirtioPci {
         if bar != 0 || data.is_empty() || data.len() > 8 {
             return;
         }
-        let end = offset + data.len() as u64;
+        let end = offset.saturating_add(data.len() as u64);
         match offset {
             o if end <= COMMON + COMMON_LEN => self.write_common(o - COMMON, data),
             o if o >= DEVICE_CFG && end <= DEVICE_CFG + DEVICE_CFG_LEN => {
