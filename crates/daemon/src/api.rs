@@ -1,8 +1,8 @@
 //! The daemon's REST API (`domusd.sock`). Routes are listed once, in
 //! [`ROUTES`], and checked against `api/daemon.openapi.json` by a test.
 
-use domus_http::{Request, Response};
-use serde_json::{json, Map, Value};
+use domus_http::{object_body, Request, Response};
+use serde_json::{json, Value};
 
 use crate::{Daemon, Error, Request as Stop};
 
@@ -48,20 +48,8 @@ pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>)
     domus_http::route(ROUTES, method, path)
 }
 
-fn body(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Response> {
-    let v: Value = serde_json::from_slice(&req.body)
-        .map_err(|e| Response::error(400, &format!("body is not valid JSON: {e}")))?;
-    let Value::Object(m) = v else {
-        return Err(Response::error(400, "body must be a JSON object"));
-    };
-    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Response::error(400, &format!("unknown field '{k}'")));
-    }
-    Ok(m)
-}
-
 fn create(d: &Daemon, req: &Request) -> Result<Response, Response> {
-    let m = body(req, &["config", "file", "dir", "overrides"])?;
+    let m = object_body(req, &["config", "file", "dir", "overrides"])?;
     let text = m
         .get("config")
         .and_then(Value::as_str)
@@ -132,21 +120,21 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|r| Response::json(202, d.describe(&r).to_string()))
                 .map_err(|e| err(&e))
         }
-        (_, "/v1/domains/{dom}/maxmem") => body(req, &["maxmem_mib"]).and_then(|m| {
+        (_, "/v1/domains/{dom}/maxmem") => object_body(req, &["maxmem_mib"]).and_then(|m| {
             let t = m
                 .get("maxmem_mib")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| Response::error(400, "'maxmem_mib' must be a whole number"))?;
             d.mem_max(dom, t).map(ok).map_err(|e| err(&e))
         }),
-        (_, "/v1/domains/{dom}/memory") => body(req, &["target_mib"]).and_then(|m| {
+        (_, "/v1/domains/{dom}/memory") => object_body(req, &["target_mib"]).and_then(|m| {
             let t = m
                 .get("target_mib")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| Response::error(400, "'target_mib' must be a whole number"))?;
             d.mem_set(dom, t).map(ok).map_err(|e| err(&e))
         }),
-        (_, "/v1/domains/{dom}/name") => body(req, &["name"]).and_then(|m| {
+        (_, "/v1/domains/{dom}/name") => object_body(req, &["name"]).and_then(|m| {
             let n = m
                 .get("name")
                 .and_then(Value::as_str)
@@ -161,7 +149,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .map(ok)
             .map_err(|e| err(&e)),
         (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
-            body(req, &["spec"]).and_then(|m| {
+            object_body(req, &["spec"]).and_then(|m| {
                 let spec = match m.get("spec") {
                     Some(Value::String(s)) => s.as_str(),
                     None | Some(Value::Null) if verb.ends_with("network-attach") => "",
@@ -177,7 +165,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             })
         }
         (_, verb @ ("/v1/domains/{dom}/block-detach" | "/v1/domains/{dom}/network-detach")) => {
-            body(req, &["id"]).and_then(|m| {
+            object_body(req, &["id"]).and_then(|m| {
                 let id = match m.get("id") {
                     Some(Value::String(s)) => s.clone(),
                     Some(Value::Number(n)) => n.to_string(),
@@ -196,7 +184,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .vcpus(dom)
             .map(|v| ok(Value::Array(v)))
             .map_err(|e| err(&e)),
-        (_, "/v1/domains/{dom}/vcpu-pin") => body(req, &["vcpu", "cpus"]).and_then(|m| {
+        (_, "/v1/domains/{dom}/vcpu-pin") => object_body(req, &["vcpu", "cpus"]).and_then(|m| {
             let vcpu = match m.get("vcpu") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(s)) if s == "all" => None,
@@ -214,7 +202,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map_err(|e| err(&e))
         }),
         ("GET", "/v1/domains/{dom}/sched") => d.sched(dom, None, None).map(ok).map_err(|e| err(&e)),
-        ("PUT", "/v1/domains/{dom}/sched") => body(req, &["weight", "cap"]).and_then(|m| {
+        ("PUT", "/v1/domains/{dom}/sched") => object_body(req, &["weight", "cap"]).and_then(|m| {
             let num = |k: &str| -> Result<Option<u32>, Response> {
                 match m.get(k) {
                     None | Some(Value::Null) => Ok(None),

@@ -240,25 +240,22 @@ pub trait Conn: Read + Write + Sized + Send + 'static {
     fn set_timeouts(&self, t: Duration) -> std::io::Result<()>;
 }
 
-impl Conn for UnixStream {
-    fn duplicate(&self) -> std::io::Result<Self> {
-        self.try_clone()
-    }
-    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
-        self.set_read_timeout(Some(t))?;
-        self.set_write_timeout(Some(t))
-    }
+/// The std socket streams have the same inherent methods, but no trait
+/// that names them.
+macro_rules! conn_for {
+    ($($stream:ty),*) => {$(
+        impl Conn for $stream {
+            fn duplicate(&self) -> std::io::Result<Self> {
+                self.try_clone()
+            }
+            fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
+                self.set_read_timeout(Some(t))?;
+                self.set_write_timeout(Some(t))
+            }
+        }
+    )*};
 }
-
-impl Conn for TcpStream {
-    fn duplicate(&self) -> std::io::Result<Self> {
-        self.try_clone()
-    }
-    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
-        self.set_read_timeout(Some(t))?;
-        self.set_write_timeout(Some(t))
-    }
-}
+conn_for!(UnixStream, TcpStream);
 
 /// Serves one connection: reads a request, answers it, closes.
 pub fn serve_connection<C: Conn>(stream: C, handler: &dyn Fn(&Request) -> Response) {
@@ -284,6 +281,29 @@ pub fn serve_connection<C: Conn>(stream: C, handler: &dyn Fn(&Request) -> Respon
     };
     let mut w = stream;
     let _ = write_response(&mut w, &resp);
+}
+
+/// Parses a request's JSON object body whose keys must all be in
+/// `allowed`; anything else is a 400 that says what was wrong.
+pub fn object_body(
+    req: &Request,
+    allowed: &[&str],
+) -> Result<serde_json::Map<String, serde_json::Value>, Response> {
+    if req.body.is_empty() {
+        return Err(Response::error(400, "a JSON object body is required"));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&req.body)
+        .map_err(|e| Response::error(400, &format!("body is not valid JSON: {e}")))?;
+    let serde_json::Value::Object(m) = v else {
+        return Err(Response::error(400, "body must be a JSON object"));
+    };
+    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Response::error(
+            400,
+            &format!("unknown field '{k}' (allowed: {})", allowed.join(", ")),
+        ));
+    }
+    Ok(m)
 }
 
 /// Finds `method path` in a route table of (method, template) pairs, where
@@ -516,6 +536,28 @@ mod tests {
         assert_eq!(r.query.as_deref(), Some("a=1"));
         assert_eq!(r.header("HOST"), Some("h"));
         assert_eq!(r.body, b"{}");
+    }
+
+    #[test]
+    fn object_bodies_are_checked() {
+        let with = |body: &str| {
+            let mut r = parse(b"PUT /v1/x HTTP/1.1\r\n\r\n").unwrap();
+            r.body = body.as_bytes().to_vec();
+            object_body(&r, &["a", "b"])
+        };
+        let m = with(r#"{"a": 1}"#).unwrap();
+        assert_eq!(m["a"], 1);
+        for (bad, says) in [
+            ("", "body is required"),
+            ("{", "not valid JSON"),
+            ("[1]", "must be a JSON object"),
+            (r#"{"a": 1, "c": 2}"#, "unknown field 'c' (allowed: a, b)"),
+        ] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.status, 400, "{bad}");
+            let text = String::from_utf8_lossy(&e.body).into_owned();
+            assert!(text.contains(says), "{bad}: {text}");
+        }
     }
 
     #[test]

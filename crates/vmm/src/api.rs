@@ -119,25 +119,6 @@ pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>)
     domus_http::route(ROUTES, method, path)
 }
 
-/// Parses a JSON object body whose keys must all be in `allowed`.
-fn object_body(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Response> {
-    if req.body.is_empty() {
-        return Err(Response::error(400, "a JSON object body is required"));
-    }
-    let v: Value = serde_json::from_slice(&req.body)
-        .map_err(|e| Response::error(400, &format!("body is not valid JSON: {e}")))?;
-    let Value::Object(m) = v else {
-        return Err(Response::error(400, "body must be a JSON object"));
-    };
-    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Response::error(
-            400,
-            &format!("unknown field '{k}' (allowed: {})", allowed.join(", ")),
-        ));
-    }
-    Ok(m)
-}
-
 /// A field that must be absent, null or a non-negative integer.
 fn opt_u64(m: &Map<String, Value>, key: &str) -> Result<Option<Option<u64>>, Response> {
     match m.get(key) {
@@ -241,7 +222,7 @@ impl Domain {
     /// `{"net": "tap=NAME[,mac=][,bw=][,pps=]"}`, as `domus run` takes them.
     fn plug(&self, req: &Request) -> Result<Response, Response> {
         let hp = self.hotplug()?;
-        let m = object_body(req, &["disk", "net"])?;
+        let m = domus_http::object_body(req, &["disk", "net"])?;
         let spec = |k: &str| {
             m.get(k).map(|v| {
                 v.as_str()
@@ -292,7 +273,7 @@ impl Domain {
                 &format!("device '{id}' has no rate limiter"),
             ));
         };
-        let m = object_body(req, &["bandwidth", "iops"])?;
+        let m = domus_http::object_body(req, &["bandwidth", "iops"])?;
         let bw = opt_u64(&m, "bandwidth")?;
         let iops = opt_u64(&m, "iops")?;
         let mut limits = l.limits();
@@ -314,7 +295,7 @@ impl Domain {
 
     fn set_balloon(&self, req: &Request) -> Result<Response, Response> {
         let b = self.balloon()?;
-        let m = object_body(req, &["target_mib"])?;
+        let m = domus_http::object_body(req, &["target_mib"])?;
         let target = match opt_u64(&m, "target_mib")? {
             Some(Some(t)) => t,
             _ => return Err(Response::error(400, "'target_mib' is required")),
