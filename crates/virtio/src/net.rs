@@ -48,9 +48,6 @@ pub const HDR_LEN: usize = 12;
 /// plus headers.
 pub const MAX_FRAME: usize = HDR_LEN + 65_550;
 const QUEUE_SIZE: u16 = 256;
-/// Frames sent per transmit burst before the device returns the used
-/// buffers and looks at the tap again.
-const TX_BURST: usize = 32;
 const RXQ: usize = 0;
 const TXQ: usize = 1;
 
@@ -376,16 +373,6 @@ const T_KILL: u64 = 3;
 const T_TIMER: u64 = 4;
 const T_LIMITS: u64 = 5;
 
-/// How a transmit burst ended.
-enum Tx {
-    /// The ring is empty and the guest's doorbell is on.
-    Drained,
-    /// A full burst went out and more frames are waiting.
-    More,
-    /// The limiter says wait.
-    Throttled(Duration),
-}
-
 enum Rx {
     /// The tap has nothing more.
     Drained,
@@ -498,21 +485,13 @@ impl Engine {
         }
     }
 
-    /// Sends up to [`TX_BURST`] of the guest's frames to the tap, then
-    /// tells the guest (if it asked) which buffers are free again.
-    ///
-    /// A burst that ends with frames still waiting leaves the guest's
-    /// doorbell off and returns [`Tx::More`]: the caller looks at the tap
-    /// and comes back at once. Returning used buffers and the receiver's
-    /// ACKs burst by burst, rather than after the guest stops adding
-    /// frames, keeps the sender's TCP from stalling on completions that sit
-    /// behind a long transmit run.
-    fn transmit(&mut self) -> Tx {
+    /// Sends the guest's frames to the tap. Returns a wait if throttled.
+    fn transmit(&mut self) -> Option<Duration> {
         let mem = self.mem.clone();
-        let mut sent = 0;
-        let result = 'outer: loop {
+        let mut throttled = None;
+        'outer: loop {
             if self.tx.disable_notification(&*mem).is_err() {
-                break Tx::Drained;
+                break;
             }
             while let Some(chain) = self.tx.pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
@@ -527,7 +506,8 @@ impl Engine {
                 let bytes = (len - HDR_LEN) as u64;
                 if let Err(w) = self.limiter.consume(bytes) {
                     self.tx.go_to_previous_position();
-                    break 'outer Tx::Throttled(w);
+                    throttled = Some(w);
+                    break 'outer;
                 }
                 // SAFETY: each vector lies inside a guest RAM mapping
                 // (checked by tx_iovecs), which lives as long as the VM;
@@ -542,21 +522,17 @@ impl Engine {
                     add(&self.counters.tx_dropped, 1);
                 }
                 let _ = self.tx.add_used(&*mem, head, 0);
-                sent += 1;
-                if sent == TX_BURST {
-                    break 'outer Tx::More;
-                }
             }
             match self.tx.enable_notification(&*mem) {
                 Ok(true) if !crate::ring_corrupt(&self.tx, &mem) => continue,
-                _ => break Tx::Drained,
+                _ => break,
             }
-        };
+        }
         if self.tx.needs_notification(&*mem).unwrap_or(true) {
             add(&self.counters.interrupts, 1);
             self.irq.queue(TXQ);
         }
-        result
+        throttled
     }
 
     fn notify_rx(&mut self) {
@@ -581,14 +557,9 @@ impl Engine {
             return crate::warn("virtio-net", format_args!("epoll: {e}"));
         }
         self.tap_watched = true;
-        let mut tx_more = false;
         loop {
-            // Frames left over from a burst: only look at what else is
-            // ready, then carry on.
-            let Ok(tokens) = poller.wait(if tx_more { 0 } else { -1 }) else {
-                return;
-            };
-            let (mut do_rx, mut do_tx) = (false, tx_more);
+            let Ok(tokens) = poller.wait(-1) else { return };
+            let (mut do_rx, mut do_tx) = (false, false);
             for t in tokens {
                 match t {
                     T_KILL => return,
@@ -614,13 +585,8 @@ impl Engine {
                 }
             }
             let mut wait = None;
-            tx_more = false;
             if do_tx {
-                match self.transmit() {
-                    Tx::Drained => {}
-                    Tx::More => tx_more = true,
-                    Tx::Throttled(w) => wait = Some(w),
-                }
+                wait = self.transmit();
             }
             if do_rx {
                 let r = loop {

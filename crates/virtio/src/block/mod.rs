@@ -1,12 +1,10 @@
 //! virtio-blk (type 2) on a raw image file.
 //!
 //! The device thread pops requests, parses them (`request`), applies the
-//! rate limiter and hands them to a pool of I/O threads (`io`). Each I/O
-//! thread completes its request itself, in whatever order the host
-//! finishes them: it puts the descriptor id in the used ring (the queue is
-//! shared under a lock) and interrupts the guest (subject to
-//! `VIRTIO_RING_F_EVENT_IDX`), so a request costs one thread hand-off, not
-//! two.
+//! rate limiter and hands them to a pool of I/O threads (`io`), which
+//! complete them in whatever order the host finishes them; the device
+//! thread then puts them in the used ring by descriptor id and interrupts
+//! the guest (subject to `VIRTIO_RING_F_EVENT_IDX`).
 //!
 //! Supported: read, write, flush (fdatasync before the completion),
 //! GET_ID, discard and write-zeroes (hole punching), read-only disks
@@ -193,37 +191,38 @@ impl VirtioDevice for Block {
             .into_iter()
             .find(|q| q.index == 0)
             .ok_or(ActivateError::MissingQueue(0))?;
+        let done_evt = EventFd::new(libc::EFD_NONBLOCK)?;
         let (job_tx, job_rx) = channel::<Job>();
+        let (done_tx, done_rx) = channel::<Done>();
         let job_rx = Arc::new(Mutex::new(job_rx));
-        let used = Arc::new(Used {
-            queue: Mutex::new(q.queue),
-            irq: a.interrupt,
-        });
         let mut workers = Vec::new();
         for i in 0..IO_THREADS {
-            let (rx, used) = (job_rx.clone(), used.clone());
+            let (rx, tx) = (job_rx.clone(), done_tx.clone());
             let (disk, mem) = (self.disk.clone(), a.mem.clone());
+            let evt = done_evt.try_clone()?;
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("blk-io{i}"))
                     .stack_size(256 << 10)
-                    .spawn(move || io_worker(&disk, &mem, &rx, &used))
+                    .spawn(move || io_worker(&disk, &mem, &rx, &tx, &evt))
                     .map_err(ActivateError::Thread)?,
             );
         }
         let engine = Engine {
             mem: a.mem,
-            used,
+            queue: q.queue,
+            irq: a.interrupt,
             disk: self.disk.clone(),
             capacity: self.capacity,
             limiter: self.limiter.clone(),
             jobs: Some(job_tx),
+            done_rx,
             pending: None,
             workers,
         };
         let qevt = q.event;
         self.running = Some(DeviceThread::spawn("virtio-blk", 256 << 10, move |kill| {
-            engine.run(qevt, kill)
+            engine.run(qevt, kill, done_evt)
         })?);
         Ok(())
     }
@@ -246,34 +245,18 @@ struct Job {
     req: Request,
 }
 
-/// The queue, shared by the device thread (which pops requests) and the
-/// I/O threads (which put them back used), and the guest's interrupt.
-struct Used {
-    queue: Mutex<Queue>,
-    irq: Interrupt,
+struct Done {
+    head: u16,
+    len: u32,
 }
 
-impl Used {
-    /// Returns `head` to the guest with `len` bytes written, and
-    /// interrupts it if it asked.
-    fn complete(&self, mem: &Memory, head: u16, len: u32) {
-        let mut q = lock(&self.queue);
-        if q.add_used(mem, head, len).is_err() {
-            crate::warn("virtio-blk", format_args!("used ring not writable"));
-        }
-        notify(&mut q, mem, &self.irq);
-    }
-}
-
-/// Interrupts the guest if `VIRTIO_RING_F_EVENT_IDX` (or its flags) say it
-/// wants to hear about the buffers used so far.
-fn notify(q: &mut Queue, mem: &Memory, irq: &Interrupt) {
-    if q.needs_notification(mem).unwrap_or(true) {
-        irq.queue(0);
-    }
-}
-
-fn io_worker(disk: &Disk, mem: &Memory, jobs: &Mutex<Receiver<Job>>, used: &Used) {
+fn io_worker(
+    disk: &Disk,
+    mem: &Memory,
+    jobs: &Mutex<Receiver<Job>>,
+    done: &Sender<Done>,
+    evt: &EventFd,
+) {
     loop {
         let job = match lock(jobs).recv() {
             Ok(j) => j,
@@ -287,28 +270,40 @@ fn io_worker(disk: &Disk, mem: &Memory, jobs: &Mutex<Receiver<Job>>, used: &Used
         };
         // The status address was checked by the parser.
         let _ = mem.write_obj(status, job.req.status);
-        used.complete(mem, job.head, len);
+        if done
+            .send(Done {
+                head: job.head,
+                len,
+            })
+            .is_err()
+        {
+            return;
+        }
+        let _ = evt.write(1);
     }
 }
 
 struct Engine {
     mem: Arc<Memory>,
-    used: Arc<Used>,
+    queue: Queue,
+    irq: Interrupt,
     disk: Arc<Disk>,
     capacity: u64,
     limiter: Arc<Shared>,
     jobs: Option<Sender<Job>>,
+    done_rx: Receiver<Done>,
     pending: Option<Job>,
     workers: Vec<JoinHandle<()>>,
 }
 
 const T_QUEUE: u64 = 0;
 const T_KILL: u64 = 1;
+const T_DONE: u64 = 2;
 const T_TIMER: u64 = 3;
 const T_LIMITS: u64 = 4;
 
 impl Engine {
-    fn run(mut self, qevt: EventFd, kill: EventFd) {
+    fn run(mut self, qevt: EventFd, kill: EventFd, done_evt: EventFd) {
         let mut timer = match TimerFd::new() {
             Ok(t) => t,
             Err(e) => return crate::warn("virtio-blk", format_args!("timerfd: {e}")),
@@ -320,6 +315,7 @@ impl Engine {
         let added = poller
             .add(&qevt, T_QUEUE)
             .and(poller.add(&kill, T_KILL))
+            .and(poller.add(&done_evt, T_DONE))
             .and(poller.add(&timer, T_TIMER))
             .and(poller.add(&self.limiter.changed, T_LIMITS));
         if let Err(e) = added {
@@ -332,6 +328,10 @@ impl Engine {
                     T_QUEUE => {
                         let _ = qevt.read();
                         self.process_queue(&mut timer);
+                    }
+                    T_DONE => {
+                        let _ = done_evt.read();
+                        self.complete();
                     }
                     T_TIMER => {
                         let _ = timer.wait();
@@ -381,14 +381,13 @@ impl Engine {
                 return;
             }
         }
-        let (mem, used) = (self.mem.clone(), self.used.clone());
-        let mut queue = lock(&used.queue);
+        let mem = self.mem.clone();
         let mut answered = false;
         loop {
-            if queue.disable_notification(&*mem).is_err() {
+            if self.queue.disable_notification(&*mem).is_err() {
                 break;
             }
-            while let Some(chain) = queue.pop_descriptor_chain(&*mem) {
+            while let Some(chain) = self.queue.pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
                 let descs: Vec<Desc> = chain
                     .map(|d| Desc {
@@ -401,7 +400,7 @@ impl Engine {
                     Ok(req) => {
                         if !self.submit(Job { head, req }, timer) {
                             if answered {
-                                notify(&mut queue, &mem, &used.irq);
+                                self.notify();
                             }
                             return;
                         }
@@ -418,18 +417,37 @@ impl Engine {
                             }
                             None => 0,
                         };
-                        let _ = queue.add_used(&*mem, head, len);
+                        let _ = self.queue.add_used(&*mem, head, len);
                         answered = true;
                     }
                 }
             }
-            match queue.enable_notification(&*mem) {
-                Ok(true) if !crate::ring_corrupt(&queue, &mem) => continue,
+            match self.queue.enable_notification(&*mem) {
+                Ok(true) if !crate::ring_corrupt(&self.queue, &mem) => continue,
                 _ => break,
             }
         }
         if answered {
-            notify(&mut queue, &mem, &used.irq);
+            self.notify();
+        }
+    }
+
+    fn notify(&mut self) {
+        if self.queue.needs_notification(&*self.mem).unwrap_or(true) {
+            self.irq.queue(0);
+        }
+    }
+
+    fn complete(&mut self) {
+        let mut any = false;
+        while let Ok(d) = self.done_rx.try_recv() {
+            if self.queue.add_used(&*self.mem, d.head, d.len).is_err() {
+                crate::warn("virtio-blk", format_args!("used ring not writable"));
+            }
+            any = true;
+        }
+        if any {
+            self.notify();
         }
     }
 }

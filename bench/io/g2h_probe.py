@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""bench/io/g2h_probe.py: where the time goes in a TCP guest -> host transfer,
+Domus and QEMU in turn, for the bench/io row that trails QEMU. Run inside the
+nested host:
+
+    tools/kvm-host python3 bench/io/g2h_probe.py
+
+Environment: REPS (default 3) rounds of one transfer per VMM, the VMM that
+goes first alternating; MIB (default 128) per transfer; PIN=1 pins the vCPU
+thread to CPU 0 and the VMM's other threads to CPU 1.
+
+Guest A is run.py's (kit rootfs with the helper, a data disk, the tap on the
+bridge, vsock). Between the guest's `start` and `done` console lines (the
+transfer alone) it prints, per transfer:
+
+  * the throughput the host received (a few console lines after the
+    transfer fall inside the window too);
+  * KVM's exit counters over that window (debugfs, all VMs summed: only one
+    runs), among them halt_exits (the guest went idle waiting) and
+    irq_window_exits;
+  * the busiest threads on the host: CPU seconds, seconds spent runnable but
+    waiting for a CPU, and times scheduled in (/proc/*/task/*/schedstat);
+  * the guest's frames sent and received and its interrupts per queue;
+  * for Domus, the interface's counters (doorbells, interrupts, packets).
+
+It writes nothing; read its output.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run as R  # noqa: E402
+
+REPS = int(os.environ.get("REPS", "3"))
+MIB = int(os.environ.get("MIB", "128"))
+PIN = os.environ.get("PIN") == "1"
+HZ = os.sysconf("SC_CLK_TCK")
+API = "/tmp/g2h-probe-api.sock"
+STATS = "/sys/class/net/eth0/statistics"
+
+
+def tasks():
+    """(comm, tid) -> (CPU s, runqueue wait s, times scheduled) for every thread."""
+    r = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                stat = open(f"/proc/{p}/task/{t}/stat").read()
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                f = stat.rsplit(")", 1)[1].split()
+                ss = open(f"/proc/{p}/task/{t}/schedstat").read().split()
+                r[(name, t)] = ((int(f[11]) + int(f[12])) / HZ, int(ss[1]) / 1e9, int(ss[2]))
+        except OSError:
+            pass
+    return r
+
+
+def kvm_stats():
+    """KVM's counters from debugfs, summed over the VMs there."""
+    r = {}
+    base = "/sys/kernel/debug/kvm"
+    for d in os.listdir(base):
+        vm = os.path.join(base, d)
+        if not os.path.isdir(vm):
+            continue
+        for f in os.listdir(vm):
+            try:
+                r[f] = r.get(f, 0) + int(open(os.path.join(vm, f)).read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return r
+
+
+def domus_counters():
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(API)
+    c.sendall(b"GET /v1/devices/net0 HTTP/1.1\r\nHost: domus\r\nConnection: close\r\n\r\n")
+    data = b""
+    while chunk := c.recv(65536):
+        data += chunk
+    return json.loads(data.split(b"\r\n\r\n", 1)[1])["counters"]
+
+
+def diff(a, b):
+    return {k: v - a.get(k, 0) for k, v in b.items() if v != a.get(k, 0)}
+
+
+def pin(pid):
+    """The busiest thread (the vCPU, after boot) on CPU 0, the rest on CPU 1."""
+    cpu = {t: sum(v[:1]) for (n, t), v in tasks().items() if os.path.exists(f"/proc/{pid}/task/{t}")}
+    vcpu = max(cpu, key=cpu.get)
+    for t in cpu:
+        os.sched_setaffinity(int(t), {0 if t == vcpu else 1})
+
+
+def one(vmm, k, root, data):
+    cmd = (R.net_up(R.A_IP) + f"echo pk0 $(cat {STATS}/tx_packets {STATS}/rx_packets); "
+           "echo start; " f"/h send tcp {R.HOST_IP} 5001 {MIB} >/dev/null; "
+           f"echo pk1 $(cat {STATS}/tx_packets {STATS}/rx_packets); "
+           "grep -E 'virtio.*(input|output)' /proc/interrupts | tr -s ' ' | sed 's/^/irq /'; "
+           # The VMM (and its API socket) must outlive the last look.
+           "echo done; sleep 2")
+    rx = R.receiver("tcp", 5001)
+    time.sleep(0.2)
+    c = R.vmm_cmd(vmm, k, [(root, False), (data, False)], R.TAP_A, "52:54:00:00:00:0a", R.CID,
+                  R.cmdline(cmd, True))
+    if vmm == "domus":
+        c += ["--api-socket", API]
+    p = subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, at = [], {}
+    for line in p.stdout:
+        out.append(line)
+        mark = line.strip()
+        if mark in ("start", "done"):
+            if mark == "start" and PIN:
+                pin(p.pid)
+            at[mark] = (time.time(), tasks(), kvm_stats(),
+                        domus_counters() if vmm == "domus" else {})
+    p.wait()
+    got, _ = rx.communicate(timeout=60)
+    if len(at) < 2:
+        raise RuntimeError(f"{vmm}: the guest never finished:\n{''.join(out)[-2000:]}")
+    (t0, a0, k0, c0), (t1, a1, k1, c1) = at["start"], at["done"]
+    print(f"{vmm}: {R.fields(got).get('recv_mbs')} MB/s, {t1 - t0:.1f} s", flush=True)
+    kd = diff(k0, k1)
+    keep = ("exits", "halt_exits", "irq_window_exits", "irq_exits", "io_exits", "preemption_other")
+    print("  kvm:", {x: kd.get(x, 0) for x in keep})
+    busy = sorted(((tuple(b - a for a, b in zip(a0.get(key, (0, 0, 0)), v)), key)
+                   for key, v in a1.items()), reverse=True)[:5]
+    print("  threads (CPU s / waiting s / runs):",
+          ", ".join(f"{n}:{v[0]:.2f}/{v[1]:.2f}/{v[2]}" for v, (n, _) in busy))
+    pk = {w.split()[0]: [int(x) for x in w.split()[1:]] for w in out if w.startswith("pk")}
+    if "pk0" in pk and "pk1" in pk:
+        print("  guest frames: tx", pk["pk1"][0] - pk["pk0"][0], "rx", pk["pk1"][1] - pk["pk0"][1])
+    for w in out:
+        if w.startswith("irq "):
+            print("  guest interrupts (since boot):", " ".join(w.split()[2:3] + w.split()[-1:]))
+    if c0:
+        print("  Domus net0:", diff(c0, c1))
+
+
+def main():
+    subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], capture_output=True)
+    k = R.kit()
+    work = tempfile.mkdtemp(prefix="domus-g2h-probe-")
+    root, data = os.path.join(work, "root.img"), os.path.join(work, "data.img")
+    shutil.copy(k["rootfs"], root)
+    R.sh("debugfs", "-w", "-R", f"write {R.HELPER} /h", root)
+    R.sh("fallocate", "-l", f"{R.DATA_MIB}M", data)
+    R.bridge(True)
+    try:
+        for i in range(REPS):
+            for vmm in (["domus", "qemu"] if i % 2 == 0 else ["qemu", "domus"]):
+                one(vmm, k, root, data)
+    finally:
+        R.bridge(False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
