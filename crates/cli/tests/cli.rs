@@ -21,7 +21,13 @@ fn scratch(name: &str, data: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("domus-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
-    std::fs::write(&p, data).unwrap();
+    // Tests run in parallel and share these files: write a private copy and
+    // rename it into place, so no test's domus ever reads a half-written one.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{n}"));
+    std::fs::write(&tmp, data).unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
     p
 }
 
