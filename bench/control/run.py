@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from domus_api import request  # noqa: E402
 DOMUS = os.path.join(REPO, "target/release/domus")
 SIZES = [int(x) for x in os.environ.get("SIZES", "1,8,32,64").split(",")]
 SAMPLE_S = float(os.environ.get("SAMPLE_S", "20"))
@@ -40,26 +41,6 @@ SAMPLE_S = float(os.environ.get("SAMPLE_S", "20"))
 
 def say(msg):
     print(f"bench/control: {msg}", file=sys.stderr, flush=True)
-
-
-def request(sock_path, method, path, body=None):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(600)
-    s.connect(sock_path)
-    data = body.encode() if body else b""
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-    if body is not None:
-        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-    s.sendall(head.encode() + b"\r\n" + data)
-    out = b""
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        out += b
-    s.close()
-    head, _, rest = out.partition(b"\r\n\r\n")
-    return int(head.split()[1]), rest.decode()
 
 
 def kit():

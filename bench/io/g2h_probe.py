@@ -28,7 +28,6 @@ It writes nothing; read its output.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as R  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from domus_api import request  # noqa: E402
 
 REPS = int(os.environ.get("REPS", "3"))
 MIB = int(os.environ.get("MIB", "128"))
@@ -78,13 +80,10 @@ def kvm_stats():
 
 
 def domus_counters():
-    c = socket.socket(socket.AF_UNIX)
-    c.connect(API)
-    c.sendall(b"GET /v1/devices/net0 HTTP/1.1\r\nHost: domus\r\nConnection: close\r\n\r\n")
-    data = b""
-    while chunk := c.recv(65536):
-        data += chunk
-    return json.loads(data.split(b"\r\n\r\n", 1)[1])["counters"]
+    status, text = request(API, "GET", "/v1/devices/net0")
+    if status != 200:
+        raise RuntimeError(f"GET /v1/devices/net0: {status} {text}")
+    return json.loads(text)["counters"]
 
 
 def diff(a, b):
@@ -93,7 +92,8 @@ def diff(a, b):
 
 def pin(pid):
     """The busiest thread (the vCPU, after boot) on CPU 0, the rest on CPU 1."""
-    cpu = {t: sum(v[:1]) for (n, t), v in tasks().items() if os.path.exists(f"/proc/{pid}/task/{t}")}
+    mine = set(os.listdir(f"/proc/{pid}/task"))
+    cpu = {t: v[0] for (_, t), v in tasks().items() if t in mine}
     vcpu = max(cpu, key=cpu.get)
     for t in cpu:
         os.sched_setaffinity(int(t), {0 if t == vcpu else 1})
