@@ -500,8 +500,12 @@ fn disk_id_discard_and_entropy() {
 /// centiseconds (from /proc/uptime).
 const TIMED_READ: &str = "a=$(cut -d' ' -f1 /proc/uptime | tr -d .); dd if=/dev/vda of=/dev/null bs=BS count=COUNT iflag=direct 2>/dev/null; b=$(cut -d' ' -f1 /proc/uptime | tr -d .); echo cs=$((b - a))";
 
+// Rate tests run alone (tools/test runs `exclusive_*` tests after the rest,
+// one at a time): on the 2-CPU test machine a parallel test's guest can
+// starve this one's, and a rate limit is only measurable when the domain
+// could go faster than it.
 #[test]
-fn disk_rate_limits_hold_within_10_percent() {
+fn exclusive_disk_rate_limits_hold_within_10_percent() {
     let dir = scratch("rate");
     let img = image(&dir, "d.img", 64);
     // Bandwidth: 24 MiB at 6 MiB/s is 4 s.
@@ -959,8 +963,10 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+// Runs alone, like the disk rate test: beside the bridge test's 100 MiB
+// transfer it measured 3.30 MB/s for the 4.19 MB/s limit.
 #[test]
-fn net_rate_limit_holds_within_10_percent() {
+fn exclusive_net_rate_limit_holds_within_10_percent() {
     let dir = scratch("netrate");
     let (helper_args, fetch) = helper_disk(&dir);
     let tag = std::process::id() % 100_000;
@@ -973,11 +979,34 @@ fn net_rate_limit_holds_within_10_percent() {
         .unwrap();
     // 16 MiB at 4 MiB/s is 4 s.
     let cmd = format!(
-        "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; for i in $(seq 60); do ping -c 1 -W 1 10.79.0.1 >/dev/null && break; done; /h send tcp 10.79.0.1 5002 16"
+        "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; for i in $(seq 60); do ping -c 1 -W 1 10.79.0.1 >/dev/null && break; done; /h send tcp 10.79.0.1 5002 16; echo phase=sent"
     );
+    let sock = dir.join("api.sock");
     let mut extra = helper_args;
-    extra.extend(["--net".into(), format!("tap={tap},bw=4M")]);
-    let r = boot_full(&kit().kernel, &extra, 1, "256M", "", &cmd);
+    extra.extend([
+        "--net".into(),
+        format!("tap={tap},bw=4M"),
+        "--api-socket".into(),
+        sock.display().to_string(),
+    ]);
+    let mut counters = None;
+    let r = boot_live(&extra, "256M", &cmd, |line| {
+        if line == "phase=sent" {
+            counters = Some(api(&sock, "GET", "/v1/devices/net0", None).1["counters"].clone());
+        }
+    });
+    // The interface counted the transfer, the limiter's waits, and the
+    // notifications both ways.
+    let c = counters.unwrap_or_else(|| panic!("the guest never sent\n{}", r.stdout));
+    let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
+    assert!(n("tx_bytes") >= 16 << 20, "{c}");
+    assert!(n("tx_packets") > 0 && n("rx_packets") > 0, "{c}");
+    assert!(n("throttled") > 0, "{c}");
+    assert!(
+        n("tx_kicks") > 0 && n("rx_kicks") > 0 && n("interrupts") > 0,
+        "{c}"
+    );
+    assert_eq!(n("tx_dropped"), 0, "{c}");
     let host = host_recv.wait_with_output().unwrap();
     let out = String::from_utf8_lossy(&host.stdout).to_string();
     assert_clean_poweroff(&r);
