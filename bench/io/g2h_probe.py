@@ -25,7 +25,9 @@ transfer alone) it prints, per transfer:
     transfer fall inside the window too);
   * KVM's exit counters over that window (debugfs, all VMs summed: only one
     runs), among them halt_exits (the guest went idle waiting) and
-    irq_window_exits;
+    irq_window_exits, and the guest's MMIO writes to its local APIC and to
+    everything else (virtio doorbells, mostly), from KVM's kvm_mmio
+    tracepoint;
   * the busiest threads on the host: CPU seconds, seconds spent runnable but
     waiting for a CPU, and times scheduled in (/proc/*/task/*/schedstat);
   * the guest's frames sent and received, and its interrupts per queue;
@@ -35,6 +37,7 @@ It writes nothing; read its output.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +76,30 @@ def tasks():
                 r[(name, t)] = ((int(f[11]) + int(f[12])) / HZ, int(ss[1]) / 1e9, int(ss[2]))
         except OSError:
             pass
+    return r
+
+
+MMIO_HIST = "/sys/kernel/tracing/events/kvm/kvm_mmio/hist"
+
+
+def mmio_writes():
+    """Guest MMIO writes so far, as {"lapic": n, "other": n} (the other being
+    mostly virtio doorbells), from a hist trigger on KVM's kvm_mmio
+    tracepoint; {} where tracefs or hist triggers are missing."""
+    try:
+        text = open(MMIO_HIST).read()
+    except OSError:
+        return {}
+    r = {"lapic": 0, "other": 0}
+    for line in text.splitlines():
+        # { type: 2, gpa: 4276092928 } hitcount: 12
+        if not line.startswith("{") or "hitcount:" not in line:
+            continue
+        keys = dict(re.findall(r"(\w+):\s*(\d+)", line[1:line.index("}")]))
+        if keys.get("type") != "2" or "gpa" not in keys:
+            continue
+        n = int(line.split("hitcount:")[1].split()[0])
+        r["lapic" if int(keys["gpa"]) >> 12 == 0xfee00 else "other"] += n
     return r
 
 
@@ -155,7 +182,8 @@ def one(label, binary, k, root, data):
         if mark in ("start", "done"):
             if mark == "start" and PIN:
                 pin(p.pid)
-            at[mark] = (time.time(), tasks(), kvm_stats(),
+            at[mark] = (time.time(), tasks(), {**kvm_stats(), **{
+                f"mmio_writes_{x}": n for x, n in mmio_writes().items()}},
                         domus_counters() if vmm == "domus" else {})
     p.wait()
     watchdog.cancel()
@@ -171,7 +199,8 @@ def one(label, binary, k, root, data):
     (t0, a0, k0, c0), (t1, a1, k1, c1) = at["start"], at["done"]
     print(f"{label}: {R.fields(got).get('recv_mbs')} MB/s, {t1 - t0:.1f} s", flush=True)
     kd = diff(k0, k1)
-    keep = ("exits", "halt_exits", "irq_window_exits", "irq_exits", "io_exits", "preemption_other")
+    keep = ("exits", "halt_exits", "irq_window_exits", "irq_exits", "io_exits", "preemption_other",
+            "mmio_writes_lapic", "mmio_writes_other")
     print("  kvm:", {x: kd.get(x, 0) for x in keep})
     busy = sorted(((tuple(b - a for a, b in zip(a0.get(key, (0, 0, 0)), v)), key)
                    for key, v in a1.items()), reverse=True)[:5]
@@ -193,6 +222,12 @@ def one(label, binary, k, root, data):
 
 def main():
     subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], capture_output=True)
+    subprocess.run(["mount", "-t", "tracefs", "none", "/sys/kernel/tracing"], capture_output=True)
+    try:
+        with open(os.path.join(os.path.dirname(MMIO_HIST), "trigger"), "w") as f:
+            f.write("hist:keys=type,gpa:size=8192")
+    except OSError as e:
+        print(f"g2h_probe: no MMIO counts ({e})", file=sys.stderr)
     k = R.kit()
     order = vmms()
     work = tempfile.mkdtemp(prefix="domus-g2h-probe-")

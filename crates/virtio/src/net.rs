@@ -522,6 +522,13 @@ impl Engine {
                     add(&self.counters.tx_dropped, 1);
                 }
                 let _ = self.tx.add_used(&*mem, head, 0);
+                // Tell the guest now, while notifications are still off: the
+                // frames it sends in reply land in a queue we are draining,
+                // with no doorbell.
+                if self.tx.needs_notification(&*mem).unwrap_or(true) {
+                    add(&self.counters.interrupts, 1);
+                    self.irq.queue(TXQ);
+                }
             }
             match self.tx.enable_notification(&*mem) {
                 Ok(true) if !crate::ring_corrupt(&self.tx, &mem) => continue,
