@@ -165,7 +165,7 @@ def one(label, binary, k, root, data):
            f"echo pk1 $(cat {STATS}/tx_packets {STATS}/rx_packets); "
            + irqs.format("irq1") +
            # The VMM (and its API socket) must outlive the last look.
-           "echo done; sleep 2")
+           "echo done; sleep 5")
     rx = R.receiver("tcp", 5001)
     time.sleep(0.2)
     c = R.vmm_cmd(vmm, k, [(root, False), (data, False)], R.TAP_A, "52:54:00:00:00:0a", R.CID,
@@ -182,9 +182,10 @@ def one(label, binary, k, root, data):
         if mark in ("start", "done"):
             if mark == "start" and PIN:
                 pin(p.pid)
+            # The interface's counters first: the VMM exits soon after `done`.
+            counters = domus_counters() if vmm == "domus" else {}
             at[mark] = (time.time(), tasks(), {**kvm_stats(), **{
-                f"mmio_writes_{x}": n for x, n in mmio_writes().items()}},
-                        domus_counters() if vmm == "domus" else {})
+                f"mmio_writes_{x}": n for x, n in mmio_writes().items()}}, counters)
     p.wait()
     watchdog.cancel()
     try:
