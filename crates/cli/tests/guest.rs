@@ -859,8 +859,10 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
         .spawn()
         .unwrap();
     let up = "ip link set lo up; ip link set eth0 up; ip addr add ADDR/24 dev eth0; ";
+    // Each guest waits until it reaches the other (they boot side by side
+    // and either may be first) before it counts pings or sends.
     let a_cmd = format!(
-        "{fetch}{}/h recv tcp 5000 > /tmp/r & sleep 1; ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
+        "{fetch}{}/h recv tcp 5000 > /tmp/r & for i in $(seq 60); do ping -c 1 -W 1 10.77.0.3 >/dev/null && break; done; ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
         up.replace("ADDR", "10.77.0.2")
     );
     let b_cmd = format!(
