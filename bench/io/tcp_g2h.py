@@ -56,7 +56,7 @@ def main():
     doc = {
         "benchmark": "bench/io tcp_g2h",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "tools/kvm-host python3 bench/io/tcp_g2h.py",
+        "command": f"PAIRS={PAIRS} tools/kvm-host python3 bench/io/tcp_g2h.py",
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
         "config": {"pairs": PAIRS, "mib": MIB},
         "runs": res,
