@@ -841,6 +841,11 @@ fn all_words(run: &Run, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// Guest shell that waits (up to about a minute) until `ip` answers a ping.
+fn until_reachable(ip: &str) -> String {
+    format!("for i in $(seq 60); do ping -c 1 -W 1 {ip} >/dev/null && break; done; ")
+}
+
 #[test]
 fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     let dir = scratch("net");
@@ -862,12 +867,14 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     // Each guest waits until it reaches the other (they boot side by side
     // and either may be first) before it counts pings or sends.
     let a_cmd = format!(
-        "{fetch}{}/h recv tcp 5000 > /tmp/r & for i in $(seq 60); do ping -c 1 -W 1 10.77.0.3 >/dev/null && break; done; ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
-        up.replace("ADDR", "10.77.0.2")
+        "{fetch}{}/h recv tcp 5000 > /tmp/r & {}ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
+        up.replace("ADDR", "10.77.0.2"),
+        until_reachable("10.77.0.3")
     );
     let b_cmd = format!(
-        "{fetch}{}for i in $(seq 60); do ping -c 1 -W 1 10.77.0.2 >/dev/null && break; done; sleep 2; /h send tcp 10.77.0.2 5000 100; /h send tcp 10.77.0.1 5001 10; cat /sys/class/net/eth0/address | sed 's/^/mac=/'",
-        up.replace("ADDR", "10.77.0.3")
+        "{fetch}{}{}sleep 2; /h send tcp 10.77.0.2 5000 100; /h send tcp 10.77.0.1 5001 10; cat /sys/class/net/eth0/address | sed 's/^/mac=/'",
+        up.replace("ADDR", "10.77.0.3"),
+        until_reachable("10.77.0.2")
     );
     let mut a_args = helper_args.clone();
     a_args.extend(["--net".into(), format!("tap={ta}")]);
@@ -981,7 +988,8 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
         .unwrap();
     // 16 MiB at 4 MiB/s is 4 s.
     let cmd = format!(
-        "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; for i in $(seq 60); do ping -c 1 -W 1 10.79.0.1 >/dev/null && break; done; /h send tcp 10.79.0.1 5002 16; echo phase=sent"
+        "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; {}/h send tcp 10.79.0.1 5002 16; echo phase=sent",
+        until_reachable("10.79.0.1")
     );
     let sock = dir.join("api.sock");
     let mut extra = helper_args;
