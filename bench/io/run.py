@@ -21,8 +21,8 @@ virtio-net backend (vhost=off, like Domus), vhost-vsock):
 
 Throughput is measured at the receiving end (accept to end of stream).
 Run with tools/bench-io, which runs each round (`run.py round OUT`) in a
-fresh nested host, retries a round that hangs it, and then writes
-results.json and results.md here (`run.py report HANGS ROUNDS...`).
+fresh nested host, runs again a round that fails or stalls, and then writes
+results.json and results.md here (`run.py report RETRIED ROUNDS...`).
 """
 import base64
 import datetime
@@ -99,8 +99,8 @@ def net_up(ip):
 
 def guest_a_cmd():
     return (net_up(A_IP) + f"/h ioload /dev/vdb {SECONDS}; "
-            f"/h send tcp {HOST_IP} 5001 {NET_MIB} >/dev/null; "
-            f"/h send vsock 2 5002 {NET_MIB} >/dev/null; "
+            f"echo phase=tcp; /h send tcp {HOST_IP} 5001 {NET_MIB} >/dev/null; "
+            f"echo phase=vsock; /h send vsock 2 5002 {NET_MIB} >/dev/null; "
             f"echo phase=g2g; /h recv tcp 5000 | sed 's/recv_mbs/g2g_mbs/'")
 
 
@@ -153,6 +153,12 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
     deadline = time.time() + 600
     for line in a.stdout:
         out.append(line)
+        # Progress on stderr: tools/bench-io stops a round that prints
+        # nothing for a while (a frozen nested host).
+        if line.strip() in ("phase=tcp", "phase=vsock"):
+            say(f"{vmm}: guest A: {line.strip()[6:]} to the host")
+        elif any(f"{key}=" in line for key in BLOCK_KEYS):
+            say(f"{vmm}: guest A: {line.strip()}")
         if line.strip() == "phase=g2g" and b is None:
             say(f"{vmm}: guest B (TCP to guest A)")
             b = subprocess.Popen(
@@ -182,6 +188,7 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
     missing = [key for key in KEYS if res.get(key) is None]
     if missing:
         raise RuntimeError(f"{vmm}: no {missing}; guest output:\n{text[-3000:]}")
+    say(f"{vmm}: " + ", ".join(f"{key}={res[key]}" for key in KEYS))
     return res
 
 
@@ -196,6 +203,7 @@ def native(data):
     res["direct"] = v.get("direct")
     res["tcp_g2h_mbs"] = res["tcp_g2g_mbs"] = fields(tcp_out)["recv_mbs"]
     res["vsock_g2h_mbs"] = None
+    say("native: " + ", ".join(f"{key}={res[key]}" for key in KEYS if res[key] is not None))
     return res
 
 
@@ -256,8 +264,8 @@ def main():
             sys.exit(f"{HELPER} missing: run tools/bench-io")
         return one_full_round(sys.argv[2])
     if len(sys.argv) < 3 or sys.argv[1] != "report":
-        sys.exit("usage: run.py round OUT.json | run.py report HANGS ROUND.json...")
-    hangs = int(sys.argv[2])
+        sys.exit("usage: run.py round OUT.json | run.py report RETRIED ROUND.json...")
+    retried = int(sys.argv[2])
     rounds = []
     for p in sys.argv[3:]:
         with open(p) as f:
@@ -280,7 +288,7 @@ def main():
             "cpus": os.cpu_count(),
             "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)",
         },
-        "config": {"runs": RUNS, "nested_host_hangs_retried": hangs, "seconds_per_block_test": float(SECONDS), "net_mib": NET_MIB,
+        "config": {"runs": RUNS, "rounds_retried": retried, "seconds_per_block_test": float(SECONDS), "net_mib": NET_MIB,
                    "memory_mib": MEMORY_MIB, "vcpus": 1, "data_mib": DATA_MIB,
                    "guest_direct_io": all(x.get("direct") == 1 for x in results["domus"]),
                    "native_direct_io": all(x.get("direct") == 1 for x in results["native"]),
@@ -323,10 +331,17 @@ def main():
         "Native TCP is loopback on the host (both TCP rows); there is no native vsock row.",
         "Both VMMs use a userspace virtio-net backend on the same taps and bridge, and "
         "vhost-vsock.",
-        f"Each round runs in a fresh nested host; {hangs} round(s) hung the nested host "
+        f"Each round runs in a fresh nested host; {retried} attempt(s) failed or stalled "
         "(see README, known issues) and were run again.",
         "",
+        "Domus/QEMU per round:",
+        "",
+        "| round | " + " | ".join(LABELS[key] for key in KEYS) + " |",
+        "| ---: |" + " ---: |" * len(KEYS),
     ]
+    for i, (d, q) in enumerate(zip(results["domus"], results["qemu"]), 1):
+        lines.append(f"| {i} | " + " | ".join(fmt(ratio(d[key], q[key]), 2) for key in KEYS) + " |")
+    lines.append("")
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
