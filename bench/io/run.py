@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,9 +106,10 @@ def guest_a_cmd():
 
 
 def guest_b_cmd(helper_size):
-    return (f"head -c {helper_size} /dev/vda > /h; chmod +x /h; " + net_up(B_IP) +
+    # The echo lines say how far B got when a round stalls.
+    return (f"head -c {helper_size} /dev/vda > /h; chmod +x /h; echo b=loaded; " + net_up(B_IP) +
             f"for i in $(seq 60); do ping -c 1 -W 1 {A_IP} >/dev/null && break; done; "
-            f"sleep 1; /h send tcp {A_IP} 5000 {NET_MIB}")
+            f"echo b=pinged_a:$i; sleep 1; /h send tcp {A_IP} 5000 {NET_MIB}; echo b=sent:$?")
 
 
 def vmm_cmd(vmm, k, disks, tap, mac, cid, cl):
@@ -150,7 +152,34 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
                 cmdline(guest_a_cmd(), True)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, b = [], None
-    deadline = time.time() + 600
+    why = []
+
+    def guard():
+        # A guest that is stuck prints nothing, so the loop below cannot see
+        # the time pass. Stop the guests (and say why) when A has run for
+        # 600 s, B for 240 s, or A for 60 s after B ended (its receiver would
+        # wait for ever); tools/bench-io stops a round after 300 s of silence.
+        start, b_start, b_end = time.time(), None, None
+        while a.poll() is None:
+            time.sleep(1)
+            now = time.time()
+            if b is not None and b_start is None:
+                b_start = now
+            if b is not None and b_end is None and b.poll() is not None:
+                b_end = now
+            if now - start > 600:
+                why.append("guest A ran for 600 s")
+            elif b_end is None and b_start is not None and now - b_start > 240:
+                why.append("guest B ran for 240 s")
+                b.kill()
+            elif b_end is not None and now - b_end > 60:
+                why.append(f"guest A still ran 60 s after guest B ended (exit status {b.returncode})")
+            else:
+                continue
+            a.kill()
+            return
+
+    threading.Thread(target=guard, daemon=True).start()
     for line in a.stdout:
         out.append(line)
         # Progress on stderr: tools/bench-io stops a round that prints
@@ -165,12 +194,21 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
                 vmm_cmd(vmm, k, [(helper_img, True)], TAP_B, "52:54:00:00:00:0b", None,
                         cmdline(guest_b_cmd(helper_size), False)),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if time.time() > deadline:
-            a.kill()
     a.wait()
-    if b is not None:
-        b.wait(timeout=120)
     text = "".join(out)
+    if b is not None:
+        try:
+            b_out, b_err = b.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            b.kill()
+            b_out, b_err = b.communicate()
+            why.append("guest B still ran 120 s after guest A ended")
+    if why:
+        tcp.kill()
+        vs.kill()
+        b_text = f"\nguest B output:\n{b_out[-2000:]}\n{b_err[-2000:]}" if b is not None else ""
+        raise RuntimeError(f"{vmm}: {'; '.join(why)}; guest A output:\n{text[-3000:]}\n"
+                           f"{a.stderr.read()[-2000:]}{b_text}")
     try:
         tcp_out, _ = tcp.communicate(timeout=10)
         vs_out, _ = vs.communicate(timeout=10)
