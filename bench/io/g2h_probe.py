@@ -155,7 +155,6 @@ def vmms():
 
 def one(label, binary, k, root, data):
     vmm = "qemu" if binary is None else "domus"
-    R.DOMUS = binary or R.DOMUS
     irqs = "grep virtio /proc/interrupts | tr -s ' ' | sed 's/^/{} /'; "
     cmd = (R.net_up(R.A_IP)
            + (f"/h ioload /dev/vdb {R.SECONDS} >/dev/null; " if IOLOAD else "")
@@ -169,7 +168,7 @@ def one(label, binary, k, root, data):
     rx = R.receiver("tcp", 5001)
     time.sleep(0.2)
     c = R.vmm_cmd(vmm, k, [(root, False), (data, False)], R.TAP_A, "52:54:00:00:00:0a", R.CID,
-                  R.cmdline(cmd, True))
+                  R.cmdline(cmd, True), domus=binary)
     if vmm == "domus":
         c += ["--api-socket", API]
     p = subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -112,10 +112,10 @@ def guest_b_cmd(helper_size):
             f"echo b=pinged_a:$i; sleep 1; /h send tcp {A_IP} 5000 {NET_MIB}; echo b=sent:$?")
 
 
-def vmm_cmd(vmm, k, disks, tap, mac, cid, cl):
-    """disks: [(path, read_only)]"""
+def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
+    """disks: [(path, read_only)]; domus: the Domus binary to run."""
     if vmm == "domus":
-        c = [DOMUS, "run", "--kernel", k["kernel"], "--initrd", k["initrd"],
+        c = [domus, "run", "--kernel", k["kernel"], "--initrd", k["initrd"],
              "--memory", f"{MEMORY_MIB}M", "--vcpus", "1", "--cmdline", cl,
              "--net", f"tap={tap},mac={mac}"]
         for path, ro in disks:
