@@ -66,6 +66,10 @@ def say(msg):
     print(f"bench/io: {msg}", file=sys.stderr, flush=True)
 
 
+def say_results(who, res):
+    say(f"{who}: " + ", ".join(f"{key}={res[key]}" for key in KEYS if res[key] is not None))
+
+
 def sh(*args, **kw):
     return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw)
 
@@ -93,9 +97,14 @@ def cmdline(cmd, root):
     return f"console=ttyS0 quiet panic=-1{r} domus.cmd={enc}"
 
 
+def until_reachable(ip):
+    """Guest shell that waits (up to about a minute) until `ip` answers a ping."""
+    return f"for i in $(seq 60); do ping -c 1 -W 1 {ip} >/dev/null && break; done; "
+
+
 def net_up(ip):
     return (f"ip link set lo up; ip link set eth0 up; ip addr add {ip}/24 dev eth0; "
-            f"for i in $(seq 60); do ping -c 1 -W 1 {HOST_IP} >/dev/null && break; done; ")
+            + until_reachable(HOST_IP))
 
 
 def guest_a_cmd():
@@ -107,8 +116,8 @@ def guest_a_cmd():
 
 def guest_b_cmd(helper_size):
     # The echo lines say how far B got when a round stalls.
-    return (f"head -c {helper_size} /dev/vda > /h; chmod +x /h; echo b=loaded; " + net_up(B_IP) +
-            f"for i in $(seq 60); do ping -c 1 -W 1 {A_IP} >/dev/null && break; done; "
+    return (f"head -c {helper_size} /dev/vda > /h; chmod +x /h; echo b=loaded; " + net_up(B_IP)
+            + until_reachable(A_IP) +
             f"echo b=pinged_a:$i; sleep 1; /h send tcp {A_IP} 5000 {NET_MIB}; echo b=sent:$?")
 
 
@@ -182,13 +191,14 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
     threading.Thread(target=guard, daemon=True).start()
     for line in a.stdout:
         out.append(line)
+        word = line.strip()
         # Progress on stderr: tools/bench-io stops a round that prints
         # nothing for a while (a frozen nested host).
-        if line.strip() in ("phase=tcp", "phase=vsock"):
-            say(f"{vmm}: guest A: {line.strip()[6:]} to the host")
+        if word in ("phase=tcp", "phase=vsock"):
+            say(f"{vmm}: guest A: {word[6:]} to the host")
         elif any(f"{key}=" in line for key in BLOCK_KEYS):
-            say(f"{vmm}: guest A: {line.strip()}")
-        if line.strip() == "phase=g2g" and b is None:
+            say(f"{vmm}: guest A: {word}")
+        if word == "phase=g2g" and b is None:
             say(f"{vmm}: guest B (TCP to guest A)")
             b = subprocess.Popen(
                 vmm_cmd(vmm, k, [(helper_img, True)], TAP_B, "52:54:00:00:00:0b", None,
@@ -226,7 +236,7 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
     missing = [key for key in KEYS if res.get(key) is None]
     if missing:
         raise RuntimeError(f"{vmm}: no {missing}; guest output:\n{text[-3000:]}")
-    say(f"{vmm}: " + ", ".join(f"{key}={res[key]}" for key in KEYS))
+    say_results(vmm, res)
     return res
 
 
@@ -241,7 +251,7 @@ def native(data):
     res["direct"] = v.get("direct")
     res["tcp_g2h_mbs"] = res["tcp_g2g_mbs"] = fields(tcp_out)["recv_mbs"]
     res["vsock_g2h_mbs"] = None
-    say("native: " + ", ".join(f"{key}={res[key]}" for key in KEYS if res[key] is not None))
+    say_results("native", res)
     return res
 
 
