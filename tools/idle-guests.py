@@ -42,7 +42,7 @@ for i in range(N):
                  "--vcpus", "1", "--balloon", "--net", f"tap={tap}", "--console", f"file:{con}",
                  "--cmdline", cl, "--name", f"d{i}"]
         else:
-            c = ["qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "q35", "-m", "256",
+            c = [os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64"), "-accel", "kvm", "-cpu", "host", "-M", "q35", "-m", "256",
                  "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
                  "-serial", f"file:{con}", "-kernel", k["kernel"], "-initrd", k["initrd"], "-append", cl,
                  "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no,vhost=off",

@@ -40,7 +40,7 @@ def kit():
 
 
 def commands(k):
-    qemu = ["qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-m", str(MEMORY_MIB),
+    qemu = [os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64"), "-accel", "kvm", "-cpu", "host", "-m", str(MEMORY_MIB),
             "-smp", str(VCPUS), "-nodefaults", "-no-user-config", "-display", "none",
             "-serial", "stdio", "-no-reboot", "-kernel", k["kernel"], "-initrd", k["initrd"],
             "-append", CMDLINE]

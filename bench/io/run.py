@@ -132,7 +132,7 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
         if cid:
             c += ["--vsock", f"cid={cid}"]
         return c
-    c = ["qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "q35",
+    c = [os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64"), "-accel", "kvm", "-cpu", "host", "-M", "q35",
          "-m", str(MEMORY_MIB), "-smp", "1", "-nodefaults", "-no-user-config",
          "-display", "none", "-serial", "stdio", "-no-reboot",
          "-kernel", k["kernel"], "-initrd", k["initrd"], "-append", cl,
