@@ -11,9 +11,9 @@
       Captures a stalled VMM as a soak does (for a test whose guest stalled)
       and prints the verdict.
 
-  soak.py summary DIR...
+  soak.py summary [--out OUT] DIR...
       Counts the records of one or more soak runs per platform, guest and VMM,
-      and writes DIR/results.json and DIR/results.md (the first DIR).
+      and writes results.json and results.md into OUT (default: the first DIR).
 
 Outcomes of a boot:
   clean    the guest reported a finished boot with no failed unit and powered off
@@ -389,8 +389,11 @@ OUTCOMES = ["clean", "failed", "stall", "reset", "slow", "lost"]
 
 
 def load(dirs):
-    boots, hosts = [], []
+    boots, hosts, runs = [], [], []
     for d in dirs:
+        rp = os.path.join(d, "run.json")
+        if os.path.exists(rp):
+            runs.append(dict(json.load(open(rp)), dir=os.path.basename(os.path.normpath(d))))
         starts, ends = {}, {}
         path = os.path.join(d, "boots.jsonl")
         if os.path.exists(path):
@@ -402,11 +405,25 @@ def load(dirs):
                 key = (r["host"], r["seq"])
                 (starts if r["event"] == "start" else ends)[key] = r
         for key, s in starts.items():
-            boots.append(ends.get(key) or dict(s, outcome="lost"))
+            b = ends.get(key) or dict(s, outcome="lost")
+            if b.get("capture"):
+                # The verdict again, from the capture, by this version's rules.
+                cap = os.path.join(d, os.path.basename(b["capture"]))
+                try:
+                    info = json.load(open(os.path.join(cap, "capture.json")))
+                    tr = info.get("trace")
+                    if tr is not None and "in_delivery" not in tr:
+                        tr["in_delivery"] = sum(
+                            1 for l in open(os.path.join(cap, "kvm_exit.trace"))
+                            if (m := re.search(r"intr_info (0x[0-9a-f]+)", l)) and int(m.group(1), 16) >> 31)
+                    b["verdict"] = verdict(info)
+                except (OSError, ValueError):
+                    pass
+            boots.append(b)
         hp = os.path.join(d, "hosts.jsonl")
         if os.path.exists(hp):
             hosts += [json.loads(l) for l in open(hp) if l.strip()]
-    return boots, hosts
+    return boots, hosts, runs
 
 
 def median(xs):
@@ -418,7 +435,7 @@ def median(xs):
 
 
 def cmd_summary(a):
-    boots, hosts = load(a.dirs)
+    boots, hosts, runs = load(a.dirs)
     rows = collections.OrderedDict()
     for b in boots:
         key = (b["platform"], b["guest"], b["vmm"])
@@ -435,18 +452,20 @@ def cmd_summary(a):
     nhosts = collections.Counter(h["platform"] for h in hosts)
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": os.environ.get("SOAK_COMMAND", ""),
-        "machine": os.environ.get("SOAK_MACHINE", ""),
+        "runs": runs,
         "rows": [dict(platform=k[0], guest=k[1], vmm=k[2], median_boot_s=median(boot_s[k]), **v)
                  for k, v in rows.items()],
         "hosts": hosts,
         "host_deaths": dict(deaths),
     }
-    out = a.dirs[0]
+    out = a.out or a.dirs[0]
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
-    md = [f"# Soak: {result['date']}", "", f"Machine: {result['machine']}", "",
-          f"Command: `{result['command']}`", "",
+    md = [f"# Soak: {result['date']}", "", "Runs (started, machine, command):", ""]
+    md += [f"- {r['dir']}: {r.get('started', '?')}, {r.get('machine', '?')}: `{r.get('command', '?')}`"
+           for r in runs]
+    md += ["",
           "| platform | guest | VMM | boots | clean | failed units | stalls (not platform) | resets | slow | lost | median boot s |",
           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
@@ -486,6 +505,7 @@ def main():
     c.add_argument("dir")
     c.add_argument("--console", help="a file with the console's output")
     s = sub.add_parser("summary")
+    s.add_argument("--out", help="where results.json and results.md go (default: the first DIR)")
     s.add_argument("dirs", nargs="+")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
