@@ -40,7 +40,7 @@ import time
 
 STALL_S = 60
 LIMIT_S = 600
-POWEROFF_S = 60
+POWEROFF_S = 180
 MARK = "domus-boot-check:"
 MARK_RE = re.compile(r"domus-boot-check: state=(\S*) uptime=(\S*) failed=\[(.*)\]")
 
@@ -296,18 +296,20 @@ def boot_one(vmm, g, disk, vcpus, memory, stall_dir):
                     marked_at = t
                     rec.update(state=m.group(1), guest_uptime=float(m.group(2) or 0),
                                failed_units=m.group(3).split(), boot_s=round(t - t0, 2))
+        if t - last > STALL_S:
+            rec["outcome"] = "stall"
+            rec["last_output_s"] = round(last - t0, 1)
+            if marked_at is not None:
+                rec["detail"] = "while powering off, after the report"
+            cap = capture(p.pid, console, stall_dir)
+            rec["verdict"] = cap["verdict"]
+            rec["capture"] = stall_dir
+            break
         if marked_at is not None:
             if t - marked_at > POWEROFF_S:
                 rec["outcome"] = "slow"
                 rec["detail"] = f"no power-off {POWEROFF_S} s after the report"
                 break
-        elif t - last > STALL_S:
-            rec["outcome"] = "stall"
-            rec["last_output_s"] = round(last - t0, 1)
-            cap = capture(p.pid, console, stall_dir)
-            rec["verdict"] = cap["verdict"]
-            rec["capture"] = stall_dir
-            break
         elif t - t0 > LIMIT_S:
             rec["outcome"] = "slow"
             rec["detail"] = f"still printing after {LIMIT_S} s"
