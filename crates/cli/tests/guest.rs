@@ -6,6 +6,8 @@
 //! `$DOMUS_KIT_DIR` or the default `domus kit` cache.
 #![cfg(feature = "guest-tests")]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -74,11 +76,7 @@ fn boot_watching(
     mut on_line: impl FnMut(&str),
 ) -> Run {
     let k = kit();
-    // A hung guest fails its test instead of hanging the run: coreutils'
-    // timeout ends it with status 124.
-    let mut child = Command::new("timeout")
-        .arg(GUEST_TIMEOUT_S.to_string())
-        .arg(env!("CARGO_BIN_EXE_domus"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_domus"))
         .arg("run")
         .arg("--kernel")
         .arg(kernel)
@@ -96,6 +94,24 @@ fn boot_watching(
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning domus run");
+    // A hung guest fails its test instead of hanging the run: after
+    // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
+    // and the run reports status 124, as coreutils' timeout would.
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let limit = Duration::from_secs(GUEST_TIMEOUT_S.into());
+        if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+        let _ = std::fs::create_dir_all(&dir);
+        let report = common::stall_report(pid, &dir, "");
+        // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
+        // for it only after its console closes); no memory is involved.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        Some(report)
+    });
     let stderr = child.stderr.take().unwrap();
     let err_thread = std::thread::spawn(move || {
         let mut s = String::new();
@@ -113,10 +129,19 @@ fn boot_watching(
     }
     let status = child.wait().unwrap();
     let tail = last_line.elapsed();
+    drop(done);
+    let mut stderr = err_thread.join().unwrap();
+    let mut code = status.code().unwrap_or(-1);
+    if let Some(report) = watchdog.join().unwrap() {
+        code = 124;
+        stderr.push_str(&format!(
+            "\nthe guest ran past {GUEST_TIMEOUT_S} s and was killed\n{report}"
+        ));
+    }
     Run {
-        code: status.code().unwrap_or(-1),
+        code,
         stdout,
-        stderr: err_thread.join().unwrap(),
+        stderr,
         tail,
     }
 }
