@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The two halves of tools/soak (see there for what it is for).
+"""What tools/soak runs (see there for what it is for), in three commands.
 
   soak.py boots --out DIR --rounds N --guests debian,kit --vmms domus,qemu --first domus
       Runs inside one nested host (tools/kvm-host): boots the guests one after
@@ -34,6 +34,7 @@ import re
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -157,6 +158,13 @@ def timer_ticks():
 TRACEFS = "/sys/kernel/tracing"
 
 
+def delivering(line):
+    """Whether a kvm_exit trace line has exit_int_info valid (bit 31): the exit
+    came while an event was being delivered to the guest."""
+    m = re.search(r"intr_info (0x[0-9a-f]+)", line)
+    return bool(m and int(m.group(1), 16) >> 31)
+
+
 def trace_exits(seconds, dest):
     """Records the kvm_exit and kvm_userspace_exit tracepoints for SECONDS."""
     if not os.path.isdir(f"{TRACEFS}/events"):
@@ -190,11 +198,7 @@ def trace_exits(seconds, dest):
         if m:
             reasons[m.group(1)] += 1
             rips[m.group(2)] += 1
-            # exit_int_info valid (bit 31): the exit came while an event was
-            # being delivered to the guest.
-            ii = re.search(r"intr_info (0x[0-9a-f]+)", l)
-            if ii and int(ii.group(1), 16) & (1 << 31):
-                delivery += 1
+            delivery += delivering(l)
     return {
         "seconds": seconds,
         "kvm_exits": sum(reasons.values()),
@@ -415,9 +419,8 @@ def load(dirs):
                     info = json.load(open(os.path.join(cap, "capture.json")))
                     tr = info.get("trace")
                     if tr is not None and "in_delivery" not in tr:
-                        tr["in_delivery"] = sum(
-                            1 for l in open(os.path.join(cap, "kvm_exit.trace"))
-                            if (m := re.search(r"intr_info (0x[0-9a-f]+)", l)) and int(m.group(1), 16) >> 31)
+                        trace = open(os.path.join(cap, "kvm_exit.trace"))
+                        tr["in_delivery"] = sum(map(delivering, trace))
                     b["verdict"] = verdict(info)
                 except (OSError, ValueError):
                     pass
@@ -426,14 +429,6 @@ def load(dirs):
         if os.path.exists(hp):
             hosts += [json.loads(l) for l in open(hp) if l.strip()]
     return boots, hosts, runs
-
-
-def median(xs):
-    xs = sorted(xs)
-    if not xs:
-        return None
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
 
 
 def cmd_summary(a):
@@ -455,7 +450,7 @@ def cmd_summary(a):
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "runs": runs,
-        "rows": [dict(platform=k[0], guest=k[1], vmm=k[2], median_boot_s=median(boot_s[k]), **v)
+        "rows": [dict(platform=k[0], guest=k[1], vmm=k[2], median_boot_s=statistics.median(boot_s[k]) if boot_s[k] else None, **v)
                  for k, v in rows.items()],
         "hosts": hosts,
         "host_deaths": dict(deaths),
