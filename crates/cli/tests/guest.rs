@@ -295,7 +295,7 @@ fn two_domains_side_by_side() {
 #[test]
 fn guest_exit_status_is_reported() {
     let r = boot(1, "256M", "exit 7");
-    assert_eq!(r.code, 0);
+    assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(
         r.stdout.contains("domus-init: exit status 7"),
         "{}",
