@@ -101,7 +101,7 @@ def command(vmm, g, disk, vcpus, memory):
         cmd += ["--vcpus", str(vcpus), "--memory", f"{memory}M"]
         if disk:
             cmd += ["--disk", disk]
-        return cmd
+        return cmd + os.environ.get("SOAK_DOMUS_ARGS", "").split()
     qemu = os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64")
     cmd = [qemu, "-M", "pc", "-accel", "kvm", "-cpu", "host"]
     cmd += ["-smp", str(vcpus), "-m", f"{memory}M"]
@@ -112,7 +112,7 @@ def command(vmm, g, disk, vcpus, memory):
     cmd += ["-kernel", g.kernel, "-initrd", g.initrd, "-append", g.cmdline]
     if disk:
         cmd += ["-drive", f"file={disk},if=virtio,format=raw"]
-    return cmd
+    return cmd + os.environ.get("SOAK_QEMU_ARGS", "").split()
 
 
 def read_file(path, limit=65536):

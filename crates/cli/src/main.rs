@@ -157,6 +157,12 @@ struct RunArgs {
     /// memory the guest frees goes back to the host (free page reporting).
     #[arg(long)]
     balloon: bool,
+    /// Populate all guest memory before the guest starts, and KVM's page
+    /// tables for it where the kernel can (Linux 6.10 and later): no page
+    /// faults in the host when the guest first touches memory, at the cost
+    /// of committing all of it at start.
+    #[arg(long)]
+    prefault: bool,
     /// Serve the domain's REST API on this Unix socket (mode 0600); see
     /// api/domain.openapi.json.
     #[arg(long, value_name = "PATH")]
@@ -198,6 +204,7 @@ fn run(args: RunArgs) -> ExitCode {
         vsock_cid: args.vsock,
         rng: !args.no_rng,
         balloon: args.balloon,
+        prefault: args.prefault,
         api_socket: args.api_socket,
         name: args.name,
     };

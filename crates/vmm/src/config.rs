@@ -51,6 +51,9 @@ pub struct VmConfig {
     /// A virtio-balloon device (inflate/deflate, statistics, free page
     /// reporting).
     pub balloon: bool,
+    /// Populate all guest memory, and KVM's page tables for it, before the
+    /// guest runs ([`crate::memory::prefault`]).
+    pub prefault: bool,
     /// Where to serve the domain's REST API.
     pub api_socket: Option<PathBuf>,
     /// The domain's name (shown by the API).
@@ -308,6 +311,7 @@ mod tests {
             vsock_cid: None,
             rng: false,
             balloon: false,
+            prefault: false,
             api_socket: None,
             name: "t".into(),
         }

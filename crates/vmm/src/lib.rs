@@ -35,6 +35,8 @@ pub enum Error {
     },
     #[error("cannot allocate {0} MiB of guest memory")]
     Memory(u64, #[source] memory::MemoryError),
+    #[error("cannot prefault guest memory")]
+    Prefault(#[source] memory::MemoryError),
     #[error("kernel {path}: {source}")]
     Kernel {
         path: String,

@@ -403,6 +403,17 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         }
         vcpus.push(vcpu);
     }
+    if cfg.prefault {
+        // kvm-ioctls' Cap has no variant for this one.
+        let tables = vm.check_extension_raw(kvm_bindings::KVM_CAP_PRE_FAULT_MEMORY.into()) > 0;
+        let how = crate::memory::prefault(&mem, vcpus.first().filter(|_| tables))
+            .map_err(Error::Prefault)?;
+        if how == crate::memory::Prefaulted::HostPages {
+            eprintln!(
+                "domus: this kernel's KVM cannot prefault its page tables (KVM_PRE_FAULT_MEMORY, Linux 6.10): guest memory is populated, KVM maps it on first touch"
+            );
+        }
+    }
     for (id, vcpu) in vcpus.into_iter().enumerate() {
         let (bus, tx, p) = (bus.clone(), stop_tx.clone(), pause.clone());
         std::thread::Builder::new()
