@@ -1,0 +1,434 @@
+//! Domain lifecycle through the daemon: create, list, pause, destroy, a
+//! daemon restart, shutdown and reboot, and many creates at once.
+
+use super::*;
+
+#[test]
+fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
+    let dir = scratch("daemon");
+    let state = dir.join("state");
+    let k = kit();
+    let mut daemon = start_daemon(&state);
+    let tag = std::process::id() % 100_000;
+    let br = format!("ddb{tag}");
+    let _bridge = Bridge::new(&br, "10.80.0.1/24", &[]);
+    // Eight domains, each with an interface on the bridge; dom-a spins (for
+    // the pause check), the others idle.
+    let names = [
+        "dom-a", "dom-b", "dom-c", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
+    ];
+    for n in names {
+        let cmd = if n == "dom-a" {
+            "while :; do :; done"
+        } else {
+            "while :; do sleep 1; done"
+        };
+        let cfg = domain_config(
+            &dir,
+            n,
+            192,
+            &format!("-- {cmd}"),
+            &format!("maxmem = 256\nvcpus = 1\nvif = ['bridge={br}']\non_crash = 'destroy'"),
+        );
+        let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+        assert!(ok, "create {n}: {out}{err}");
+    }
+    // A bad config is refused with its file, line and key, and changes nothing.
+    let bad = dir.join("bad.cfg");
+    std::fs::write(
+        &bad,
+        format!(
+            "name = 'bad'\nkernel = '{}'\nvcpus = 'many'\n",
+            k.kernel.display()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = domus_cli(&state, &["create", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("bad.cfg:3: vcpus"), "{err}");
+    let (ok, _, err) = domus_cli(
+        &state,
+        &["create", bad.to_str().unwrap(), "vcpus=1", "name=dom-a"],
+    );
+    assert!(!ok && err.contains("exists"), "{err}");
+
+    let list = |state: &std::path::Path| -> Vec<serde_json::Value> {
+        let (ok, out, err) = domus_cli(state, &["list", "--json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let l = list(&state);
+    assert_eq!(l.len(), 9, "{l:?}");
+    assert_eq!(l[0]["name"], "Domain-0");
+    for (d, n) in l[1..].iter().zip(names) {
+        assert_eq!(
+            (d["name"].as_str(), d["state"].as_str()),
+            (Some(n), Some("running")),
+            "{d}"
+        );
+    }
+    let pids: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+
+    // Pause stops the domain's CPU time; unpause lets it grow again.
+    let cpu = |n: &str| {
+        list(&state).iter().find(|d| d["name"] == n).unwrap()["vcpu_time_s"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(domus_cli(&state, &["pause", "dom-a"]).0);
+    let a = cpu("dom-a");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(cpu("dom-a") - a < 0.05, "a paused domain ran");
+    assert!(domus_cli(&state, &["unpause", "dom-a"]).0);
+    let a = cpu("dom-a");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(cpu("dom-a") - a > 0.2, "an unpaused domain did not run");
+
+    // SIGKILL the daemon: the domains keep running and a new daemon finds
+    // them. A guest that triple-faults resets, and the daemon restarts it
+    // (on_reboot) in a new VMM; in the nested test host an idle guest has
+    // been seen to do that now and then (README, "Known issues"). Such a
+    // domain must have been logged as triple-faulted; every other domain
+    // keeps its VMM.
+    let log = daemon.log.clone();
+    let reset = || triple_faulted(&log);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    for (n, p) in names.iter().zip(&pids) {
+        assert!(
+            alive(*p) || reset().contains(&n.to_string()),
+            "{n} (pid {p}) died with the daemon"
+        );
+    }
+    let mut daemon = start_daemon(&state);
+    let end = Instant::now() + Duration::from_secs(30);
+    let l = loop {
+        let l = list(&state);
+        if l[1..].iter().all(|d| d["state"] == "running") || Instant::now() > end {
+            break l;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(l[1..].iter().all(|d| d["state"] == "running"), "{l:?}");
+    let again: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+    for ((n, p), q) in names.iter().zip(&pids).zip(&again) {
+        assert!(
+            p == q || reset().contains(&n.to_string()),
+            "{n}: pid {p} before the daemon restart, {q} after"
+        );
+    }
+    let pids = again;
+
+    // mem-set moves the balloon.
+    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "160M"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "4G"]);
+    assert!(!ok && err.contains("maxmem"), "{err}");
+
+    // Scheduling: weight and cap land in the domain's cgroup; pinning shows
+    // in vcpu-list; top and /metrics account the vCPU and I/O threads apart.
+    let (ok, _, err) = domus_cli(
+        &state,
+        &["sched-credit", "-d", "dom-c", "-w", "512", "-c", "25"],
+    );
+    assert!(ok, "{err}");
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus")
+        .join(format!("{}-d3", domus_daemon::instance_tag(&state)));
+    if cg.exists() {
+        assert_eq!(
+            std::fs::read_to_string(cg.join("cpu.weight"))
+                .unwrap()
+                .trim(),
+            "512"
+        );
+        assert_eq!(
+            std::fs::read_to_string(cg.join("cpu.max")).unwrap().trim(),
+            "25000 100000"
+        );
+    }
+    let (ok, _, err) = domus_cli(&state, &["sched-credit", "-d", "dom-c", "-w", "70000"]);
+    assert!(!ok && err.contains("weight"), "{err}");
+    assert!(domus_cli(&state, &["vcpu-pin", "dom-c", "0", "0"]).0);
+    let (ok, out, err) = domus_cli(&state, &["vcpu-list", "dom-c", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["affinity"], "0", "{v}");
+    let (ok, _, err) = domus_cli(&state, &["vcpu-pin", "dom-c", "0", "99"]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    let (ok, out, err) = domus_cli(&state, &["top", "--once", "--json"]);
+    assert!(ok, "{err}");
+    let top: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = top
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "dom-a")
+        .unwrap();
+    assert!(
+        a["vcpu_pct"].as_f64().unwrap() > 5.0,
+        "a spinning domain: {a}"
+    );
+    let (s, m) = domus_http::request(&state.join("domusd.sock"), "GET", "/metrics", None).unwrap();
+    assert_eq!(s, 200);
+    for n in names {
+        assert!(
+            m.contains(&format!("domus_domain_vcpu_seconds_total{{domain=\"{n}\"")),
+            "{m}"
+        );
+    }
+    let (ok, _, err) = domus_cli(&state, &["rename", "dom-c", "dom-b"]);
+    assert!(!ok && err.contains("exists"), "{err}");
+    assert!(domus_cli(&state, &["rename", "dom-c", "dom-z"]).0);
+    let names = [
+        "dom-a", "dom-b", "dom-z", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
+    ];
+    let info = |state: &std::path::Path| -> serde_json::Value {
+        let (ok, out, err) = domus_cli(state, &["info", "--json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    assert_eq!(
+        info(&state)["domain_memory_mib"],
+        7 * 192 + 160,
+        "mem-set dom-b to 160"
+    );
+
+    // Destroy releases everything.
+    for n in names {
+        let (ok, _, err) = domus_cli(&state, &["destroy", n]);
+        assert!(ok, "destroy {n}: {err}");
+    }
+    for p in &pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{p}")).exists(),
+            "VMM {p} outlived destroy"
+        );
+    }
+    assert_eq!(list(&state).len(), 1);
+    assert_eq!(info(&state)["domain_memory_mib"], 0, "reservations left");
+    assert_eq!(
+        std::fs::read_dir(state.join("domains")).unwrap().count(),
+        0,
+        "files left"
+    );
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    let prefix = format!(": dm{}", domus_daemon::instance_tag(&state));
+    assert!(!links.contains(&prefix), "taps left: {links}");
+    assert_no_cgroups_left(&state);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn daemon_50_concurrent_creates_and_destroys_leave_nothing_behind() {
+    let dir = scratch("churn");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let sock = state.join("domusd.sock");
+    let cfgs: Vec<String> = (0..25)
+        .map(|i| {
+            std::fs::read_to_string(spin_config(
+                &dir,
+                &format!("c{i}"),
+                "",
+                "while :; do sleep 5; done",
+            ))
+            .unwrap()
+        })
+        .collect();
+    // 25 creates and 25 destroys of the same domains, all at once.
+    let mut hs = Vec::new();
+    for (i, cfg) in cfgs.into_iter().enumerate() {
+        let s = sock.clone();
+        hs.push(std::thread::spawn(move || {
+            let body = serde_json::json!({"config": cfg, "file": format!("c{i}.cfg")}).to_string();
+            domus_http::request(&s, "POST", "/v1/domains", Some(&body)).map(|r| r.0)
+        }));
+        let s = sock.clone();
+        hs.push(std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20 * i as u64));
+            domus_http::request(&s, "DELETE", &format!("/v1/domains/c{i}"), None).map(|r| r.0)
+        }));
+    }
+    for h in hs {
+        let status = h.join().unwrap().expect("the daemon answers every request");
+        assert!([201, 204, 404, 500].contains(&status), "{status}");
+    }
+    // Whatever survived the race goes now.
+    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for d in l.as_array().unwrap().iter().filter(|d| d["id"] != 0) {
+        let (ok, _, err) = domus_cli(&state, &["destroy", d["name"].as_str().unwrap()]);
+        assert!(ok, "{err}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
+    // No VMM, files, reservations or cgroups left.
+    let ps = Command::new("pgrep")
+        .args(["-f", &format!("api-socket {}", state.display())])
+        .output()
+        .unwrap();
+    assert!(
+        ps.stdout.is_empty(),
+        "VMMs left: {}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+    assert_eq!(
+        std::fs::read_dir(state.join("domains")).unwrap().count(),
+        0,
+        "files left"
+    );
+    let (_, out, _) = domus_cli(&state, &["info", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["domain_memory_mib"], 0);
+    assert_no_cgroups_left(&state);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
+    let dir = scratch("power");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let console_of = |id: u64| state.join(format!("domains/{id}/console.log"));
+    let describe = |dom: &str| -> serde_json::Value {
+        let (ok, out, err) = domus_cli(&state, &["list", "--json"]);
+        assert!(ok, "{err}");
+        let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+        l.as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == dom)
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    };
+
+    // create -c follows the console until the domain goes away.
+    let cfg = spin_config(&dir, "brief", "", "echo hello-from-the-console");
+    let (ok, out, err) = domus_cli(&state, &["create", "-c", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("hello-from-the-console"), "{out}");
+    assert!(
+        describe("brief").is_null(),
+        "on_poweroff=destroy removes it"
+    );
+
+    // shutdown -w: a guest that would run for ten minutes stops cleanly
+    // (its power button handler runs) and the domain goes away.
+    let long = "echo guest-up; sleep 600";
+    let cfg = spin_config(&dir, "down", "", long);
+    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    let id = describe("down")["id"].as_u64().unwrap();
+    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    let t = Instant::now();
+    let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "down"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("has shut down"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(describe("down").is_null());
+    let (_, log, _) = domus_cli(&state, &["dmesg"]);
+    assert!(log.contains("asked domain down to poweroff"), "{log}");
+    assert!(log.contains("domain down powered off"), "{log}");
+
+    // mem-max: below the current memory is refused with the numbers; above
+    // the guest's RAM applies from the next start, which a reboot is.
+    let img = image(&dir, "again.img", 8);
+    let cfg = spin_config(
+        &dir,
+        "again",
+        &format!(
+            "disk = ['{},raw,xvda,rw']\nvif = ['mac=52:54:00:12:34:56']",
+            img.display()
+        ),
+        &format!("head -c 65536 /dev/vda > /dev/null; {long}"),
+    );
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let d = describe("again");
+    let (id, pid) = (d["id"].as_u64().unwrap(), d["pid"].clone());
+    let (ok, _, err) = domus_cli(&state, &["mem-max", "again", "100"]);
+    assert!(
+        !ok && err.contains("below") && err.contains("128 MiB"),
+        "{err}"
+    );
+    let (ok, out, err) = domus_cli(&state, &["mem-max", "again", "192M"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("until its next start"), "{out}");
+    assert_eq!(describe("again")["maxmem_mib"], 192);
+    let cg = std::path::Path::new("/sys/fs/cgroup/domus")
+        .join(format!("{}-d{id}", domus_daemon::instance_tag(&state)));
+    let memory_max = || {
+        std::fs::read_to_string(cg.join("memory.max"))
+            .map(|s| s.trim().parse::<u64>().unwrap() >> 20)
+            .ok()
+    };
+    if cg.exists() {
+        assert_eq!(
+            memory_max(),
+            Some(128 + 64),
+            "the running guest's RAM bounds it"
+        );
+    }
+
+    // block-list and network-list show the disk (the guest read 64 KiB of
+    // it) and the interface.
+    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    let (ok, out, err) = domus_cli(&state, &["block-list", "again", "--json"]);
+    assert!(ok, "{err}");
+    let disks: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(disks.as_array().unwrap().len(), 1, "{disks}");
+    assert_eq!(disks[0]["id"], "vda");
+    assert!(
+        disks[0]["counters"]["read_bytes"].as_u64().unwrap() >= 65536,
+        "{disks}"
+    );
+    let (ok, out, _) = domus_cli(&state, &["block-list", "again"]);
+    assert!(
+        ok && out.contains("vda") && out.contains("again.img"),
+        "{out}"
+    );
+    let (ok, out, _) = domus_cli(&state, &["network-list", "again"]);
+    assert!(ok && out.contains("52:54:00:12:34:56"), "{out}");
+    let (ok, _, err) = domus_cli(&state, &["block-list", "ghost"]);
+    assert!(!ok && err.contains("ghost"), "{err}");
+
+    // reboot -w: the guest powers off through its button and the domain
+    // comes back at once in a fresh VMM (on_reboot = restart, the default),
+    // now with 192 MiB of RAM.
+    // The old VMM keeps writing to its unlinked file; the new one makes a
+    // fresh file, so what is found there below comes from the new boot.
+    std::fs::remove_file(console_of(id)).unwrap();
+    let (ok, out, err) = domus_cli(&state, &["reboot", "-w", "again"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("has rebooted"), "{out}");
+    let d = describe("again");
+    assert_eq!(d["state"], "running");
+    assert_ne!(d["pid"], pid);
+    assert_eq!(d["restarts"], 1);
+    assert!(d["shutdown_requested"].is_null(), "{d}");
+    assert!(
+        wait_for_text(&console_of(id), "guest-up", 1, 60),
+        "the guest boots again"
+    );
+    let (ok, long, _) = domus_cli(&state, &["list", "-l"]);
+    assert!(ok && long.contains("\"maxmem_mib\": 192"), "{long}");
+    if cg.exists() {
+        assert_eq!(memory_max(), Some(192 + 64));
+    }
+    // A domain that is not running cannot be asked to stop.
+    let (ok, _, err) = domus_cli(&state, &["shutdown", "ghost"]);
+    assert!(!ok && err.contains("ghost"), "{err}");
+    assert!(domus_cli(&state, &["destroy", "again"]).0);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

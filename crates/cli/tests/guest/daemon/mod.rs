@@ -1,0 +1,177 @@
+//! The daemon (`domus daemon` and the xl-style verbs) with real domains:
+//! helpers shared by its tests.
+
+mod devices;
+mod lifecycle;
+mod scheduling;
+
+use crate::*;
+
+/// Runs `domus VERB ARGS...` against the daemon in `state`.
+fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_domus"))
+        .args(args)
+        .env("DOMUS_STATE_DIR", state)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// A daemon a test started. Its log (stderr) goes to `daemon.log` beside the
+/// state directory, kept across restarts; a test that fails prints it, so
+/// that CI shows what the daemon saw.
+struct TestDaemon {
+    child: std::process::Child,
+    state: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+impl std::ops::Deref for TestDaemon {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for TestDaemon {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.child
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("---- the daemon's log ({}):\n{log}", self.log.display());
+            // A failed test takes its daemon and domains down, so that they
+            // do not slow the tests that run after it.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let domains = self.state.join("domains");
+            let _ = Command::new("pkill")
+                .args(["-9", "-f", &format!("api-socket {}/", domains.display())])
+                .status();
+        }
+    }
+}
+
+/// The domains a daemon's log names as having triple-faulted (and so
+/// reset; see `Daemon::ended`).
+fn triple_faulted(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("VMM log: domus: a vCPU triple-faulted"))
+        .filter_map(|l| {
+            l.strip_prefix("domusd: domain ")?
+                .split(" VMM log")
+                .next()
+                .map(String::from)
+        })
+        .collect()
+}
+
+/// Whether process `pid` is running (not gone, not a zombie).
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| !s[i + 2..].starts_with(['Z', 'X'])))
+        .unwrap_or(false)
+}
+
+fn start_daemon(state: &std::path::Path) -> TestDaemon {
+    let log = state.with_file_name("daemon.log");
+    std::fs::create_dir_all(state.parent().unwrap()).unwrap();
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_domus"))
+        .args(["daemon", "--state-dir"])
+        .arg(state)
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let sock = state.join("domusd.sock");
+    let end = Instant::now() + Duration::from_secs(10);
+    while domus_http::request(&sock, "GET", "/v1/info", None).is_err() {
+        assert!(Instant::now() < end, "the daemon did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TestDaemon {
+        child,
+        state: state.to_path_buf(),
+        log,
+    }
+}
+
+/// No cgroup of the daemon on `state` is left. The kernel lets go of a
+/// group a little after its last task ended; the daemon's monitor removes
+/// the ones it could not at once, so this waits up to 15 s for it.
+fn assert_no_cgroups_left(state: &std::path::Path) {
+    let tag = domus_daemon::instance_tag(state);
+    let left = || domus_daemon::cgroup::list(&domus_daemon::cgroup::root(), &tag);
+    let end = Instant::now() + Duration::from_secs(15);
+    while !left().is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(left().is_empty(), "cgroups left: {:?}", left());
+}
+
+/// Writes `dir/NAME.cfg`: a kit domain with `memory` MiB, `init` after the
+/// kernel's console options on its command line (`-- CMD` or
+/// `domus.cmd=BASE64`), and any further `settings` lines.
+fn domain_config(
+    dir: &std::path::Path,
+    name: &str,
+    memory: u32,
+    init: &str,
+    settings: &str,
+) -> PathBuf {
+    let k = kit();
+    let cfg = dir.join(format!("{name}.cfg"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = '{name}'\nmemory = {memory}\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 {init}'\n{settings}\n",
+            k.kernel.display(),
+            k.initrd.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &str) -> PathBuf {
+    domain_config(dir, name, 128, &format!("-- {cmd}"), extra_settings)
+}
+
+/// Waits until `path` contains `needle` `times` times; false after `secs`.
+fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.matches(needle).count() >= times {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// The VMM's resident memory (VmRSS) in MiB.
+fn rss_mib(pid: u64) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        >> 10
+}

@@ -1,0 +1,86 @@
+//! Scheduling through the daemon: weights, caps, and restarts after crashes.
+
+use super::*;
+
+#[test]
+fn exclusive_daemon_weights_share_one_cpu_caps_hold_and_crashes_restart() {
+    let dir = scratch("sched");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let spin = "while :; do :; done";
+    // Three CPU-bound domains on host CPU 1 with weights 1, 2 and 4.
+    for (n, w) in [("w1", 1), ("w2", 2), ("w4", 4)] {
+        let cfg = spin_config(&dir, n, &format!("cpus = '1'\ncpu_weight = {w}"), spin);
+        let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+        assert!(ok, "{out}{err}");
+    }
+    // A capped domain on CPU 0.
+    let cfg = spin_config(&dir, "capped", "cpus = '0'\ncap = 25", spin);
+    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    // One that panics 2 s after boot, restarted by on_crash.
+    let cfg = spin_config(
+        &dir,
+        "crashy",
+        "on_crash = 'restart'",
+        "sleep 2; echo c > /proc/sysrq-trigger",
+    );
+    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    let sample = || -> std::collections::HashMap<String, f64> {
+        let (_, out, _) = domus_cli(&state, &["list", "--json"]);
+        serde_json::from_str::<serde_json::Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["name"].as_str().unwrap().to_string(),
+                    d["vcpu_time_s"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect()
+    };
+    // Let them boot, then measure 20 s.
+    std::thread::sleep(Duration::from_secs(5));
+    let (a, t0) = (sample(), Instant::now());
+    std::thread::sleep(Duration::from_secs(20));
+    let (b, secs) = (sample(), t0.elapsed().as_secs_f64());
+    let used = |n: &str| b[n] - a[n];
+    let total: f64 = ["w1", "w2", "w4"].iter().map(|n| used(n)).sum();
+    for (n, want) in [("w1", 1.0 / 7.0), ("w2", 2.0 / 7.0), ("w4", 4.0 / 7.0)] {
+        let share = used(n) / total;
+        assert!(
+            (share - want).abs() <= 0.05,
+            "{n}: share {share:.3}, want {want:.3} (used {:.2} s of {total:.2})",
+            used(n)
+        );
+    }
+    let capped = used("capped") / secs;
+    assert!(
+        (capped - 0.25).abs() <= 0.05,
+        "capped at 25% but used {:.1}%",
+        capped * 100.0
+    );
+    // The crashing domain has been restarted at least once.
+    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = l
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "crashy")
+        .expect("crashy was not kept");
+    assert!(c["restarts"].as_i64().unwrap() >= 1, "{c}");
+    let (_, log, _) = domus_cli(&state, &["dmesg"]);
+    assert!(
+        log.contains("domain crashy crashed") && log.contains("restarted domain crashy"),
+        "{log}"
+    );
+    for n in ["w1", "w2", "w4", "capped", "crashy"] {
+        let (ok, _, err) = domus_cli(&state, &["destroy", n]);
+        assert!(ok, "destroy {n}: {err}");
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,320 @@
+//! Guest-booting integration tests: real Debian kernels on real KVM.
+//!
+//! Compiled only with `--features guest-tests`; `tools/test` runs them inside
+//! `tools/kvm-host`, which gives a /dev/kvm that runs stock kernels (directly on
+//! a VT-x/AMD-V host, in a nested KVM host elsewhere). The kit comes from
+//! `$DOMUS_KIT_DIR` or the default `domus kit` cache.
+//!
+//! One file per area (boot, block, net, memory, the domain's API, the
+//! daemon); this one holds the harness they share: the kit, booting a guest
+//! with a command, and reading what it printed.
+#![cfg(feature = "guest-tests")]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod block;
+mod boot;
+mod daemon;
+mod domain_api;
+mod memory;
+mod net;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Kit {
+    kernel: PathBuf,
+    vmlinux: PathBuf,
+    initrd: PathBuf,
+}
+
+fn kit() -> Kit {
+    let dir = std::env::var_os("DOMUS_KIT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(domus_kit::default_dir);
+    let k = Kit {
+        kernel: dir.join("vmlinuz"),
+        vmlinux: dir.join("vmlinux"),
+        initrd: dir.join("initramfs.cpio"),
+    };
+    for p in [&k.kernel, &k.vmlinux, &k.initrd] {
+        assert!(
+            p.is_file(),
+            "{} missing: run `domus kit` first",
+            p.display()
+        );
+    }
+    k
+}
+
+const GUEST_TIMEOUT_S: u32 = 180;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    /// Time from the guest's last line to the VMM's exit.
+    tail: Duration,
+}
+
+fn boot_with(kernel: &PathBuf, vcpus: u32, memory: &str, command: &str) -> Run {
+    boot_full(kernel, &[], vcpus, memory, "", command)
+}
+
+/// Boots with extra `domus run` arguments and extra kernel parameters.
+fn boot_full(
+    kernel: &PathBuf,
+    extra: &[String],
+    vcpus: u32,
+    memory: &str,
+    params: &str,
+    command: &str,
+) -> Run {
+    boot_watching(kernel, extra, vcpus, memory, params, command, |_| {})
+}
+
+/// [`boot_full`], handing each console line (trimmed) to `on_line` as it
+/// arrives.
+fn boot_watching(
+    kernel: &PathBuf,
+    extra: &[String],
+    vcpus: u32,
+    memory: &str,
+    params: &str,
+    command: &str,
+    mut on_line: impl FnMut(&str),
+) -> Run {
+    let k = kit();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_domus"))
+        .arg("run")
+        .arg("--kernel")
+        .arg(kernel)
+        .arg("--initrd")
+        .arg(&k.initrd)
+        .args(["--vcpus", &vcpus.to_string(), "--memory", memory])
+        .args(extra)
+        .arg("--cmdline")
+        .arg(format!(
+            "console=ttyS0 quiet panic=-1 {params} domus.cmd={}",
+            base64(command)
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning domus run");
+    // A hung guest fails its test instead of hanging the run: after
+    // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
+    // and the run reports status 124, as coreutils' timeout would.
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let limit = Duration::from_secs(GUEST_TIMEOUT_S.into());
+        if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+        let _ = std::fs::create_dir_all(&dir);
+        let report = common::stall_report(pid, &dir, "");
+        // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
+        // for it only after its console closes); no memory is involved.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        Some(report)
+    });
+    let stderr = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+        s
+    });
+    let mut stdout = String::new();
+    let mut last_line = Instant::now();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap_or_default();
+        last_line = Instant::now();
+        on_line(line.trim());
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    let status = child.wait().unwrap();
+    let tail = last_line.elapsed();
+    drop(done);
+    let mut stderr = err_thread.join().unwrap();
+    let mut code = status.code().unwrap_or(-1);
+    if let Some(report) = watchdog.join().unwrap() {
+        code = 124;
+        stderr.push_str(&format!(
+            "\nthe guest ran past {GUEST_TIMEOUT_S} s and was killed\n{report}"
+        ));
+    }
+    Run {
+        code,
+        stdout,
+        stderr,
+        tail,
+    }
+}
+
+/// Standard base64, for `domus.cmd=` (the kit's init decodes it).
+fn base64(s: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in s.as_bytes().chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn boot(vcpus: u32, memory: &str, command: &str) -> Run {
+    boot_with(&kit().kernel, vcpus, memory, command)
+}
+
+/// The value printed as `key=value` by the guest command.
+fn value(run: &Run, key: &str) -> u64 {
+    let prefix = format!("{key}=");
+    run.stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no {key}= in guest output:\n{}\nstderr:\n{}",
+                run.stdout, run.stderr
+            )
+        })
+}
+
+#[track_caller]
+fn assert_clean_poweroff(run: &Run) {
+    assert_eq!(
+        run.code, 0,
+        "exit status; stdout:\n{}\nstderr:\n{}",
+        run.stdout, run.stderr
+    );
+    assert!(
+        run.stdout.contains("domus-init: exit status 0"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// A scratch directory for one test, on the host's (or nested host's) /tmp.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("domus-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A sparse image of `mib` MiB.
+fn image(dir: &std::path::Path, name: &str, mib: u64) -> PathBuf {
+    let p = dir.join(name);
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(mib << 20).unwrap();
+    p
+}
+
+fn disk_arg(spec: String) -> Vec<String> {
+    vec!["--disk".into(), spec]
+}
+
+/// A word the guest printed after `key=` (not a number).
+fn word(run: &Run, key: &str) -> String {
+    let prefix = format!("{key}=");
+    run.stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&prefix).map(str::to_string))
+        .unwrap_or_else(|| {
+            panic!(
+                "no {key}= in guest output:\n{}\nstderr:\n{}",
+                run.stdout, run.stderr
+            )
+        })
+}
+
+/// Boots like [`boot_full`] (kit kernel, one vCPU) but hands each console
+/// line to `on_line` as it arrives, so the test can act on the running
+/// domain (through its API).
+fn boot_live(extra: &[String], memory: &str, command: &str, on_line: impl FnMut(&str)) -> Run {
+    boot_watching(&kit().kernel, extra, 1, memory, "", command, on_line)
+}
+
+fn api(
+    sock: &std::path::Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let (status, text) = domus_http::request(sock, method, path, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let v = if text.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
+    };
+    (status, v)
+}
+
+/// Runs `ip ARGS`, panicking with its message on failure.
+fn ip(args: &str) {
+    let out = Command::new("ip")
+        .args(args.split(' '))
+        .output()
+        .expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bridge with taps, removed again on drop.
+struct Bridge {
+    links: Vec<String>,
+}
+
+impl Bridge {
+    fn new(name: &str, addr: &str, taps: &[&str]) -> Self {
+        let mut b = Bridge { links: Vec::new() };
+        ip(&format!("link add {name} type bridge"));
+        b.links.push(name.to_string());
+        ip(&format!("addr add {addr} dev {name}"));
+        ip(&format!("link set {name} up"));
+        for t in taps {
+            ip(&format!("tuntap add dev {t} mode tap"));
+            b.links.push(t.to_string());
+            ip(&format!("link set {t} master {name}"));
+            ip(&format!("link set {t} up"));
+        }
+        b
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        for l in self.links.iter().rev() {
+            let _ = Command::new("ip").args(["link", "del", l]).status();
+        }
+    }
+}
+
+/// Every value printed as `key=value` (several per line allowed).
+fn all_words(run: &Run, key: &str) -> Vec<String> {
+    let prefix = format!("{key}=");
+    run.stdout
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(&prefix).map(str::to_string))
+        .collect()
+}
