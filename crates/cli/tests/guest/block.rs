@@ -20,24 +20,13 @@ fn md5(path: &std::path::Path, bytes: u64) -> String {
 fn disk_write_is_on_the_host_after_sync_even_after_sigkill() {
     let dir = scratch("sync");
     let img = image(&dir, "data.img", 128);
-    let k = kit();
     // The guest writes 64 MiB of random data with O_DIRECT, syncs, reports
     // its checksum and then waits: the host kills the VMM right away.
     let cmd = "dd if=/dev/urandom of=/tmp/d bs=1M count=64 2>/dev/null; dd if=/tmp/d of=/dev/vda bs=1M oflag=direct 2>/dev/null; sync; echo sum=$(md5sum < /tmp/d); echo synced; sleep 600";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_domus"))
-        .args(["run", "--memory", "512M", "--disk"])
-        .arg(&img)
-        .arg("--kernel")
-        .arg(&k.kernel)
-        .arg("--initrd")
-        .arg(&k.initrd)
-        .arg("--cmdline")
-        .arg(format!(
-            "console=ttyS0 quiet panic=-1 domus.cmd={}",
-            base64(cmd)
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+    let mut child = TestVm::new(cmd)
+        .memory("512M")
+        .disk(img.display())
+        .command()
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -90,14 +79,7 @@ fn read_only_disk_refuses_writes_and_stays_unchanged() {
     // Through the block layer (refused by Linux), then with the block
     // layer's read-only flag lifted so the write reaches the device.
     let cmd = "echo ro=$(cat /sys/block/vda/ro); dd if=/dev/zero of=/dev/vda bs=4k count=1 2>/dev/null; echo plain=$?; blockdev --setrw /dev/vda; dd if=/dev/zero of=/dev/vda bs=4k count=1 oflag=direct 2>/dev/null; echo direct=$?; head -c 3 /dev/vda | od -An -tu1 | tr -d ' ' | sed s/^/head=/";
-    let r = boot_full(
-        &k_kernel(),
-        &disk_arg(format!("{},ro", img.display())),
-        1,
-        "256M",
-        "",
-        cmd,
-    );
+    let r = TestVm::new(cmd).disk(format!("{},ro", img.display())).run();
     assert_clean_poweroff(&r);
     assert_eq!(value(&r, "ro"), 1);
     assert_ne!(value(&r, "plain"), 0, "{}", r.stdout);
@@ -112,10 +94,6 @@ fn read_only_disk_refuses_writes_and_stays_unchanged() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-fn k_kernel() -> PathBuf {
-    kit().kernel
-}
-
 #[test]
 fn kit_rootfs_boots_as_root_on_vda() {
     let dir = scratch("root");
@@ -125,14 +103,10 @@ fn kit_rootfs_boots_as_root_on_vda() {
     let img = dir.join("root.img");
     std::fs::copy(dir_kit.join("rootfs.ext4"), &img).unwrap();
     let cmd = "echo rootdev=$(sed -n 's|^\\([^ ]*\\) / .*|\\1|p' /proc/mounts | tail -1); echo hello > /written; sync";
-    let r = boot_full(
-        &k_kernel(),
-        &disk_arg(img.display().to_string()),
-        1,
-        "256M",
-        "root=/dev/vda",
-        cmd,
-    );
+    let r = TestVm::new(cmd)
+        .disk(img.display())
+        .params("root=/dev/vda")
+        .run();
     assert_clean_poweroff(&r);
     assert!(r.stdout.contains("domus-init: on /dev/vda"), "{}", r.stdout);
     assert_eq!(word(&r, "rootdev"), "/dev/vda");
@@ -151,14 +125,9 @@ fn disk_id_discard_and_entropy() {
     let dir = scratch("misc");
     let img = image(&dir, "d.img", 64);
     let cmd = "echo serial=$(cat /sys/block/vda/serial); dd if=/dev/urandom of=/dev/vda bs=1M count=8 oflag=direct 2>/dev/null; blkdiscard -o 0 -l 4194304 /dev/vda; echo discard=$?; echo rng=$(cat /sys/class/misc/hw_random/rng_current); echo rngbytes=$(head -c 4096 /dev/hwrng | wc -c)";
-    let r = boot_full(
-        &k_kernel(),
-        &disk_arg(format!("{},id=scratch-7", img.display())),
-        1,
-        "256M",
-        "",
-        cmd,
-    );
+    let r = TestVm::new(cmd)
+        .disk(format!("{},id=scratch-7", img.display()))
+        .run();
     assert_clean_poweroff(&r);
     assert_eq!(word(&r, "serial"), "scratch-7");
     assert_eq!(value(&r, "discard"), 0);
@@ -212,19 +181,6 @@ fn assert_rate(what: &str, rate: f64, limit: f64, free: f64) -> String {
 #[test]
 fn exclusive_disk_rate_limits_hold_within_10_percent() {
     let dir = scratch("rate");
-    // vda: 6 MiB/s; vdb: 100 operations/s; vdc: unlimited, the same reads
-    // timed on it first.
-    let mut disks = Vec::new();
-    for (name, limit) in [
-        ("bw.img", ",bw=6M"),
-        ("iops.img", ",iops=100"),
-        ("free.img", ""),
-    ] {
-        disks.extend(disk_arg(format!(
-            "{}{limit}",
-            image(&dir, name, 64).display()
-        )));
-    }
     // 24 MiB at 6 MiB/s is 4 s; 500 reads of 4 KiB at 100/s is 5 s
     // (the nested host's kit guest reads about 250 a second unlimited).
     let cmd = [
@@ -234,7 +190,17 @@ fn exclusive_disk_rate_limits_hold_within_10_percent() {
         timed_read("iops_cs", "vdb", "4k", 500),
     ]
     .join("; ");
-    let r = boot_full(&k_kernel(), &disks, 1, "256M", "", &cmd);
+    // vda: 6 MiB/s; vdb: 100 operations/s; vdc: unlimited, the same reads
+    // timed on it first.
+    let mut vm = TestVm::new(&cmd);
+    for (name, limit) in [
+        ("bw.img", ",bw=6M"),
+        ("iops.img", ",iops=100"),
+        ("free.img", ""),
+    ] {
+        vm = vm.disk(format!("{}{limit}", image(&dir, name, 64).display()));
+    }
+    let r = vm.run();
     assert_clean_poweroff(&r);
     let per_sec = |amount: f64, key: &str| amount / (value(&r, key).max(1) as f64 / 100.0);
     let bw = assert_rate(

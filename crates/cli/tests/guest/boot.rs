@@ -6,7 +6,7 @@ use crate::*;
 #[test]
 fn bzimage_guest_sees_1_2_and_4_vcpus() {
     for n in [1, 2, 4] {
-        let r = boot(n, "256M", "echo cpus=$(nproc)");
+        let r = TestVm::new("echo cpus=$(nproc)").vcpus(n).run();
         assert_clean_poweroff(&r);
         assert_eq!(value(&r, "cpus"), u64::from(n));
     }
@@ -15,7 +15,10 @@ fn bzimage_guest_sees_1_2_and_4_vcpus() {
 #[test]
 fn elf_vmlinux_boots_with_smp() {
     let k = kit();
-    let r = boot_with(&k.vmlinux, 2, "256M", "echo cpus=$(nproc)");
+    let r = TestVm::new("echo cpus=$(nproc)")
+        .kernel(k.vmlinux)
+        .vcpus(2)
+        .run();
     assert_clean_poweroff(&r);
     assert_eq!(value(&r, "cpus"), 2);
 }
@@ -41,7 +44,7 @@ fn guest_sees_the_memory_asked_for() {
         ("1G", 1 << 30),
         ("3584", 3584 << 20),
     ] {
-        let r = boot(1, arg, MEM_CMD);
+        let r = TestVm::new(MEM_CMD).memory(arg).run();
         assert_clean_poweroff(&r);
         let ram = kib_after(&r, "K/", "K available") << 10;
         let diff = (ram as f64 - bytes as f64).abs() / bytes as f64;
@@ -61,7 +64,7 @@ fn guest_sees_the_memory_asked_for() {
 
 #[test]
 fn poweroff_exits_0_within_a_second() {
-    let r = boot(1, "256M", "true");
+    let r = TestVm::new("true").run();
     assert_clean_poweroff(&r);
     assert!(
         r.tail < Duration::from_secs(1),
@@ -72,14 +75,14 @@ fn poweroff_exits_0_within_a_second() {
 
 #[test]
 fn reboot_exits_3() {
-    let r = boot(1, "256M", "echo rebooting; reboot -f");
+    let r = TestVm::new("echo rebooting; reboot -f").run();
     assert!(r.stdout.contains("rebooting"), "{}", r.stdout);
     assert_eq!(r.code, 3, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
 }
 
 #[test]
 fn panic_exits_4() {
-    let r = boot(1, "256M", "echo c > /proc/sysrq-trigger");
+    let r = TestVm::new("echo c > /proc/sysrq-trigger").run();
     assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("Kernel panic"), "{}", r.stdout);
     assert!(r.stderr.contains("guest crashed"), "{}", r.stderr);
@@ -87,8 +90,8 @@ fn panic_exits_4() {
 
 #[test]
 fn two_domains_side_by_side() {
-    let a = std::thread::spawn(|| boot(2, "256M", "sleep 1; echo who=1"));
-    let b = std::thread::spawn(|| boot(1, "384M", "sleep 1; echo who=2"));
+    let a = std::thread::spawn(|| TestVm::new("sleep 1; echo who=1").vcpus(2).run());
+    let b = std::thread::spawn(|| TestVm::new("sleep 1; echo who=2").memory("384M").run());
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert_clean_poweroff(&a);
     assert_clean_poweroff(&b);
@@ -99,7 +102,7 @@ fn two_domains_side_by_side() {
 
 #[test]
 fn guest_exit_status_is_reported() {
-    let r = boot(1, "256M", "exit 7");
+    let r = TestVm::new("exit 7").run();
     assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(
         r.stdout.contains("domus-init: exit status 7"),
@@ -110,7 +113,7 @@ fn guest_exit_status_is_reported() {
 
 #[test]
 fn kvm_paravirtual_features_are_exposed() {
-    let r = boot(2, "256M", "dmesg | grep -c -e kvm-clock -e 'PV spinlocks' | sed s/^/pvlines=/; echo clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)");
+    let r = TestVm::new("dmesg | grep -c -e kvm-clock -e 'PV spinlocks' | sed s/^/pvlines=/; echo clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)").vcpus(2).run();
     assert_clean_poweroff(&r);
     assert!(r.stdout.contains("clocksource=kvm-clock"), "{}", r.stdout);
     assert!(value(&r, "pvlines") >= 2, "{}", r.stdout);

@@ -17,15 +17,12 @@ fn api_pauses_resumes_counts_and_changes_limits() {
     let sock = dir.join("api.sock");
     // Spin for 8 s of guest time, then write 4 MiB to the disk.
     let cmd = "echo phase=spin; end=$(( $(cut -d. -f1 /proc/uptime) + 8 )); while [ $(cut -d. -f1 /proc/uptime) -lt $end ]; do :; done; dd if=/dev/urandom of=/dev/vda bs=1M count=4 oflag=direct 2>/dev/null; echo phase=written; sleep 3";
-    let mut extra = disk_arg(format!("{},bw=64M", img.display()));
-    extra.extend([
-        "--api-socket".into(),
-        sock.display().to_string(),
-        "--name".into(),
-        "api-test".into(),
-    ]);
+    let vm = TestVm::new(cmd)
+        .disk(format!("{},bw=64M", img.display()))
+        .api_socket(&sock)
+        .args(["--name", "api-test"]);
     let mut checked = Vec::new();
-    let r = boot_live(&extra, "256M", cmd, |line| match line {
+    let r = vm.run_watching(|line| match line {
         "phase=spin" => {
             let (s, info) = api(&sock, "GET", "/v1/domain", None);
             assert_eq!(s, 200, "{info}");

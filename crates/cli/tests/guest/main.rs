@@ -60,101 +60,154 @@ struct Run {
     tail: Duration,
 }
 
-fn boot_with(kernel: &PathBuf, vcpus: u32, memory: &str, command: &str) -> Run {
-    boot_full(kernel, &[], vcpus, memory, "", command)
+/// A domain for a test: `domus run` on the kit's bzImage and initramfs,
+/// whose init runs `command` (a shell command line, base64 on the kernel
+/// command line) and then powers off. One vCPU and 256 MiB unless the test
+/// says otherwise.
+struct TestVm {
+    kernel: PathBuf,
+    vcpus: u32,
+    memory: String,
+    args: Vec<String>,
+    params: String,
+    command: String,
 }
 
-/// Boots with extra `domus run` arguments and extra kernel parameters.
-fn boot_full(
-    kernel: &PathBuf,
-    extra: &[String],
-    vcpus: u32,
-    memory: &str,
-    params: &str,
-    command: &str,
-) -> Run {
-    boot_watching(kernel, extra, vcpus, memory, params, command, |_| {})
-}
-
-/// [`boot_full`], handing each console line (trimmed) to `on_line` as it
-/// arrives.
-fn boot_watching(
-    kernel: &PathBuf,
-    extra: &[String],
-    vcpus: u32,
-    memory: &str,
-    params: &str,
-    command: &str,
-    mut on_line: impl FnMut(&str),
-) -> Run {
-    let k = kit();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_domus"))
-        .arg("run")
-        .arg("--kernel")
-        .arg(kernel)
-        .arg("--initrd")
-        .arg(&k.initrd)
-        .args(["--vcpus", &vcpus.to_string(), "--memory", memory])
-        .args(extra)
-        .arg("--cmdline")
-        .arg(format!(
-            "console=ttyS0 quiet panic=-1 {params} domus.cmd={}",
-            base64(command)
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning domus run");
-    // A hung guest fails its test instead of hanging the run: after
-    // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
-    // and the run reports status 124, as coreutils' timeout would.
-    let pid = child.id();
-    let (done, finished) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let limit = Duration::from_secs(GUEST_TIMEOUT_S.into());
-        if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            return None;
+impl TestVm {
+    fn new(command: &str) -> Self {
+        Self {
+            kernel: kit().kernel,
+            vcpus: 1,
+            memory: "256M".into(),
+            args: Vec::new(),
+            params: String::new(),
+            command: command.into(),
         }
-        let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
-        let _ = std::fs::create_dir_all(&dir);
-        let report = common::stall_report(pid, &dir, "");
-        // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
-        // for it only after its console closes); no memory is involved.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        Some(report)
-    });
-    let stderr = child.stderr.take().unwrap();
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
-        s
-    });
-    let mut stdout = String::new();
-    let mut last_line = Instant::now();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap_or_default();
-        last_line = Instant::now();
-        on_line(line.trim());
-        stdout.push_str(&line);
-        stdout.push('\n');
     }
-    let status = child.wait().unwrap();
-    let tail = last_line.elapsed();
-    drop(done);
-    let mut stderr = err_thread.join().unwrap();
-    let mut code = status.code().unwrap_or(-1);
-    if let Some(report) = watchdog.join().unwrap() {
-        code = 124;
-        stderr.push_str(&format!(
-            "\nthe guest ran past {GUEST_TIMEOUT_S} s and was killed\n{report}"
-        ));
+
+    /// Another kernel than the kit's bzImage (its ELF vmlinux).
+    fn kernel(mut self, path: PathBuf) -> Self {
+        self.kernel = path;
+        self
     }
-    Run {
-        code,
-        stdout,
-        stderr,
-        tail,
+
+    fn vcpus(mut self, n: u32) -> Self {
+        self.vcpus = n;
+        self
+    }
+
+    /// `256M`, `1G`, ... as `--memory` takes it.
+    fn memory(mut self, size: &str) -> Self {
+        self.memory = size.into();
+        self
+    }
+
+    /// A `--disk`, as `domus run` takes it: `PATH[,ro][,id=..][,bw=..][,iops=..]`.
+    fn disk(mut self, spec: impl std::fmt::Display) -> Self {
+        self.args.extend(["--disk".into(), spec.to_string()]);
+        self
+    }
+
+    /// More `domus run` arguments.
+    fn args<S: Into<String>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Serve the domain's API on `sock` (`--api-socket`).
+    fn api_socket(self, sock: &std::path::Path) -> Self {
+        self.args(["--api-socket".to_string(), sock.display().to_string()])
+    }
+
+    /// Kernel parameters before the command (`root=/dev/vda`).
+    fn params(mut self, params: &str) -> Self {
+        self.params = params.into();
+        self
+    }
+
+    /// The `domus run` command, not started: stdin from /dev/null, stdout
+    /// (the console) and stderr piped.
+    fn command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_domus"));
+        c.arg("run")
+            .arg("--kernel")
+            .arg(&self.kernel)
+            .arg("--initrd")
+            .arg(kit().initrd)
+            .args(["--vcpus", &self.vcpus.to_string(), "--memory", &self.memory])
+            .args(&self.args)
+            .arg("--cmdline")
+            .arg(format!(
+                "console=ttyS0 quiet panic=-1 {} domus.cmd={}",
+                self.params,
+                base64(&self.command)
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Boots the domain and waits for its VMM to exit.
+    fn run(&self) -> Run {
+        self.run_watching(|_| {})
+    }
+
+    /// [`TestVm::run`], handing each console line (trimmed) to `on_line` as
+    /// it arrives, so the test can act on the running domain (through its
+    /// API).
+    fn run_watching(&self, mut on_line: impl FnMut(&str)) -> Run {
+        let mut child = self.command().spawn().expect("spawning domus run");
+        // A hung guest fails its test instead of hanging the run: after
+        // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
+        // and the run reports status 124, as coreutils' timeout would.
+        let pid = child.id();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            let limit = Duration::from_secs(GUEST_TIMEOUT_S.into());
+            if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return None;
+            }
+            let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+            let _ = std::fs::create_dir_all(&dir);
+            let report = common::stall_report(pid, &dir, "");
+            // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
+            // for it only after its console closes); no memory is involved.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            Some(report)
+        });
+        let stderr = child.stderr.take().unwrap();
+        let err_thread = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+            s
+        });
+        let mut stdout = String::new();
+        let mut last_line = Instant::now();
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let line = line.unwrap_or_default();
+            last_line = Instant::now();
+            on_line(line.trim());
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+        let status = child.wait().unwrap();
+        let tail = last_line.elapsed();
+        drop(done);
+        let mut stderr = err_thread.join().unwrap();
+        let mut code = status.code().unwrap_or(-1);
+        if let Some(report) = watchdog.join().unwrap() {
+            code = 124;
+            stderr.push_str(&format!(
+                "\nthe guest ran past {GUEST_TIMEOUT_S} s and was killed\n{report}"
+            ));
+        }
+        Run {
+            code,
+            stdout,
+            stderr,
+            tail,
+        }
     }
 }
 
@@ -175,10 +228,6 @@ fn base64(s: &str) -> String {
         }
     }
     out
-}
-
-fn boot(vcpus: u32, memory: &str, command: &str) -> Run {
-    boot_with(&kit().kernel, vcpus, memory, command)
 }
 
 /// The value printed as `key=value` by the guest command.
@@ -226,10 +275,6 @@ fn image(dir: &std::path::Path, name: &str, mib: u64) -> PathBuf {
     p
 }
 
-fn disk_arg(spec: String) -> Vec<String> {
-    vec!["--disk".into(), spec]
-}
-
 /// A word the guest printed after `key=` (not a number).
 fn word(run: &Run, key: &str) -> String {
     let prefix = format!("{key}=");
@@ -242,13 +287,6 @@ fn word(run: &Run, key: &str) -> String {
                 run.stdout, run.stderr
             )
         })
-}
-
-/// Boots like [`boot_full`] (kit kernel, one vCPU) but hands each console
-/// line to `on_line` as it arrives, so the test can act on the running
-/// domain (through its API).
-fn boot_live(extra: &[String], memory: &str, command: &str, on_line: impl FnMut(&str)) -> Run {
-    boot_watching(&kit().kernel, extra, 1, memory, "", command, on_line)
 }
 
 fn api(

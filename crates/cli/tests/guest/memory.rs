@@ -17,13 +17,11 @@ fn vm_rss_kib(pid: u64) -> u64 {
 fn prefault_commits_guest_memory_at_start() {
     let dir = scratch("prefault");
     let sock = dir.join("api.sock");
-    let extra = vec![
-        "--prefault".to_string(),
-        "--api-socket".into(),
-        sock.display().to_string(),
-    ];
+    let vm = TestVm::new("echo phase=up; sleep 5")
+        .args(["--prefault"])
+        .api_socket(&sock);
     let mut rss_mib = 0;
-    let r = boot_live(&extra, "256M", "echo phase=up; sleep 5", |line| {
+    let r = vm.run_watching(|line| {
         if line == "phase=up" {
             let pid = api(&sock, "GET", "/v1/domain", None).1["pid"].as_u64();
             rss_mib = vm_rss_kib(pid.unwrap()) >> 10;
@@ -51,14 +49,13 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
     let sock = dir.join("api.sock");
     // Fill 200 MiB of tmpfs, free it, then wait while the host checks.
     let cmd = "mount -t tmpfs -o size=300m none /mnt; dd if=/dev/zero of=/mnt/f bs=1M count=200 2>/dev/null; echo phase=filled; sleep 2; rm /mnt/f; echo phase=freed; sleep 40; echo memtotal=$(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2)";
-    let extra = vec![
-        "--balloon".to_string(),
-        "--api-socket".into(),
-        sock.display().to_string(),
-    ];
+    let vm = TestVm::new(cmd)
+        .memory("512M")
+        .args(["--balloon"])
+        .api_socket(&sock);
     let (mut filled_rss, mut lowest_rss, mut pid) = (0, u64::MAX, 0);
     let mut inflated = None;
-    let r = boot_live(&extra, "512M", cmd, |line| match line {
+    let r = vm.run_watching(|line| match line {
         "phase=filled" => {
             pid = api(&sock, "GET", "/v1/domain", None).1["pid"]
                 .as_u64()

@@ -16,14 +16,14 @@ fn guest_helper() -> PathBuf {
 
 /// A raw disk image holding the helper; returns the `domus run` arguments
 /// and the guest command that copies it to /h (the disk must be vda).
-fn helper_disk(dir: &std::path::Path) -> (Vec<String>, String) {
+fn helper_disk(dir: &std::path::Path) -> (String, String) {
     let bin = std::fs::read(guest_helper()).unwrap();
     let img = dir.join("helper.img");
     let mut padded = bin.clone();
     padded.resize(bin.len().div_ceil(512) * 512, 0);
     std::fs::write(&img, padded).unwrap();
     (
-        disk_arg(format!("{},ro", img.display())),
+        format!("{},ro", img.display()),
         format!("head -c {} /dev/vda > /h; chmod +x /h; ", bin.len()),
     )
 }
@@ -36,7 +36,7 @@ fn until_reachable(ip: &str) -> String {
 #[test]
 fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     let dir = scratch("net");
-    let (helper_args, fetch) = helper_disk(&dir);
+    let (helper, fetch) = helper_disk(&dir);
     let tag = std::process::id() % 100_000;
     let (br, ta, tb) = (
         format!("dbr{tag}"),
@@ -63,14 +63,15 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
         up.replace("ADDR", "10.77.0.3"),
         until_reachable("10.77.0.2")
     );
-    let mut a_args = helper_args.clone();
-    a_args.extend(["--net".into(), format!("tap={ta}")]);
-    let mut b_args = helper_args.clone();
-    b_args.extend(["--net".into(), format!("tap={tb},mac=52:54:00:12:34:56")]);
-    let k = kit().kernel;
-    let a = std::thread::spawn(move || boot_full(&k, &a_args, 1, "256M", "", &a_cmd));
-    let k = kit().kernel;
-    let b = std::thread::spawn(move || boot_full(&k, &b_args, 1, "256M", "", &b_cmd));
+    let a = TestVm::new(&a_cmd)
+        .disk(&helper)
+        .args(["--net".to_string(), format!("tap={ta}")]);
+    let b = TestVm::new(&b_cmd).disk(&helper).args([
+        "--net".to_string(),
+        format!("tap={tb},mac=52:54:00:12:34:56"),
+    ]);
+    let a = std::thread::spawn(move || a.run());
+    let b = std::thread::spawn(move || b.run());
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
     let host = host_recv.wait_with_output().unwrap();
     let host_out = String::from_utf8_lossy(&host.stdout).to_string();
@@ -99,7 +100,7 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
 #[test]
 fn vsock_both_ways_with_10_mib_echoed_intact() {
     let dir = scratch("vsock");
-    let (helper_args, fetch) = helper_disk(&dir);
+    let (helper, fetch) = helper_disk(&dir);
     let cid = 3 + std::process::id() % 100_000;
     // Host to guest: the guest echoes on port 5000 and the host pings it
     // once it listens. Guest to host: the host listens on port 5001.
@@ -109,10 +110,11 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
         .spawn()
         .unwrap();
     let cmd = format!("{fetch}/h echo vsock 5000 > /tmp/e & sleep 1; echo phase=listening; wait; cat /tmp/e; /h send vsock 2 5001 10");
-    let mut extra = helper_args;
-    extra.extend(["--vsock".into(), format!("cid={cid}")]);
+    let vm = TestVm::new(&cmd)
+        .disk(&helper)
+        .args(["--vsock".to_string(), format!("cid={cid}")]);
     let mut ping = None;
-    let r = boot_live(&extra, "256M", &cmd, |line| {
+    let r = vm.run_watching(|line| {
         if line == "phase=listening" {
             let out = Command::new(guest_helper())
                 .args(["ping", "vsock", &cid.to_string(), "5000", "10"])
@@ -164,7 +166,7 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
 #[test]
 fn exclusive_net_rate_limit_holds_within_10_percent() {
     let dir = scratch("netrate");
-    let (helper_args, fetch) = helper_disk(&dir);
+    let (helper, fetch) = helper_disk(&dir);
     let tag = std::process::id() % 100_000;
     let (br, tap) = (format!("drb{tag}"), format!("drt{tag}"));
     let _bridge = Bridge::new(&br, "10.79.0.1/24", &[&tap]);
@@ -179,15 +181,12 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
         until_reachable("10.79.0.1")
     );
     let sock = dir.join("api.sock");
-    let mut extra = helper_args;
-    extra.extend([
-        "--net".into(),
-        format!("tap={tap},bw=4M"),
-        "--api-socket".into(),
-        sock.display().to_string(),
-    ]);
+    let vm = TestVm::new(&cmd)
+        .disk(&helper)
+        .args(["--net".to_string(), format!("tap={tap},bw=4M")])
+        .api_socket(&sock);
     let mut counters = None;
-    let r = boot_live(&extra, "256M", &cmd, |line| {
+    let r = vm.run_watching(|line| {
         if line == "phase=sent" {
             counters = Some(api(&sock, "GET", "/v1/devices/net0", None).1["counters"].clone());
         }
