@@ -12,17 +12,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use domus_devices::bus::lock;
-use domus_virtio::block::DiskConfig;
-use domus_virtio::net::NetConfig;
 
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
 use domus_virtio::balloon::BalloonHandle;
-use domus_virtio::ratelimit::{Limits, Shared};
-use domus_virtio::Stats;
+use domus_virtio::ratelimit::Limits;
 use serde_json::{json, Map, Value};
 
 use crate::pause::Pause;
+use crate::registry::{free_name, Device, Hotplug, Plug};
 use domus_boot::acpi::GED_POWER_BUTTON;
 
 /// The OpenAPI document of this API, as committed.
@@ -47,21 +45,6 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/balloon"),
 ];
 
-/// One device as the API shows it.
-#[derive(Clone)]
-pub struct Device {
-    /// The name in URLs: `vda`, `vdb`, ... for disks, `rng0`, `balloon0`.
-    pub id: String,
-    /// Its PCI slot.
-    pub slot: usize,
-    /// `block`, `rng`, `balloon`.
-    pub kind: &'static str,
-    /// Extra fixed facts (path, read-only, ...).
-    pub info: Value,
-    pub stats: Arc<dyn Stats>,
-    pub limiter: Option<Arc<Shared>>,
-}
-
 /// What the API serves.
 pub struct Domain {
     pub name: String,
@@ -75,39 +58,6 @@ pub struct Domain {
     /// Presses the ACPI power button.
     pub events: Arc<GedEvents>,
     pub hotplug: Option<Arc<dyn Hotplug>>,
-}
-
-/// A device to hot-plug, in the syntax of `domus run`'s options.
-#[derive(Debug)]
-pub enum Plug {
-    Disk(DiskConfig),
-    Net(NetConfig),
-}
-
-/// Adds devices to the running domain and asks the guest to let go of
-/// them (the VMM implements it; see `hotplug.rs`).
-pub trait Hotplug: Send + Sync {
-    /// Plugs a device named `id`; returns its API entry (with its slot).
-    fn plug(&self, id: String, what: &Plug) -> Result<Device, String>;
-    /// Asks the guest to release the device in `slot`; it goes away when
-    /// the guest has.
-    fn unplug(&self, slot: usize) -> Result<(), String>;
-}
-
-/// The lowest name `prefix`N (or, for disks, vdX) no device has: the name
-/// the guest's driver gives the new device too (it takes the lowest free
-/// index).
-fn free_name(devices: &[Device], disk: bool) -> String {
-    (0..)
-        .map(|i| {
-            if disk {
-                crate::vm::disk_name(i)
-            } else {
-                format!("net{i}")
-            }
-        })
-        .find(|n| devices.iter().all(|d| &d.id != n))
-        .unwrap_or_default()
 }
 
 fn ok(v: Value) -> Response {
@@ -360,6 +310,8 @@ impl Domain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use domus_virtio::ratelimit::Shared;
+    use domus_virtio::Stats;
     use std::collections::BTreeSet;
 
     fn req(method: &str, path: &str, body: &str) -> Request {

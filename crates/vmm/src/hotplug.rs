@@ -20,12 +20,15 @@ use domus_virtio::net::{Net, NetConfig};
 use domus_virtio::pci::{vectors_for, VirtioPci, BAR_SIZE};
 use domus_virtio::{Hypervisor, Memory, VirtioDevice};
 
-use crate::api::{self, Plug};
 use crate::irq::KvmIrqs;
+use crate::registry::{self, Plug};
 use crate::{Error, Result};
 
 /// A disk's device and its API entry (`id` is its name, vda, vdb, ...).
-pub fn disk_device(d: &DiskConfig, id: String) -> Result<(Box<dyn VirtioDevice>, api::Device)> {
+pub fn disk_device(
+    d: &DiskConfig,
+    id: String,
+) -> Result<(Box<dyn VirtioDevice>, registry::Device)> {
     let b = Block::open(d)?;
     let (disk, limiter) = b.handles();
     let info = serde_json::json!({
@@ -34,7 +37,7 @@ pub fn disk_device(d: &DiskConfig, id: String) -> Result<(Box<dyn VirtioDevice>,
         "serial": d.id,
         "sectors": b.capacity(),
     });
-    let a = api::Device {
+    let a = registry::Device {
         id,
         slot: 0,
         kind: "block",
@@ -46,10 +49,10 @@ pub fn disk_device(d: &DiskConfig, id: String) -> Result<(Box<dyn VirtioDevice>,
 }
 
 /// An interface's device and its API entry (`id`: net0, net1, ...).
-pub fn net_device(n: &NetConfig, id: String) -> Result<(Box<dyn VirtioDevice>, api::Device)> {
+pub fn net_device(n: &NetConfig, id: String) -> Result<(Box<dyn VirtioDevice>, registry::Device)> {
     let net = Net::open(n)?;
     let (counters, limiter) = net.handles();
-    let a = api::Device {
+    let a = registry::Device {
         id,
         slot: 0,
         kind: "net",
@@ -97,8 +100,8 @@ pub struct VmHotplug {
     pub plugging: Mutex<()>,
 }
 
-impl api::Hotplug for VmHotplug {
-    fn plug(&self, id: String, what: &Plug) -> std::result::Result<api::Device, String> {
+impl registry::Hotplug for VmHotplug {
+    fn plug(&self, id: String, what: &Plug) -> std::result::Result<registry::Device, String> {
         let _one = lock(&self.plugging);
         let (dev, mut entry) = match what {
             Plug::Disk(d) => disk_device(d, id.clone()),
@@ -122,7 +125,7 @@ impl api::Hotplug for VmHotplug {
 }
 
 /// The eject callback: the guest let go of the device in `slot`.
-pub fn ejected(bus: &PciBus, devices: &Mutex<Vec<api::Device>>, slot: usize) {
+pub fn ejected(bus: &PciBus, devices: &Mutex<Vec<registry::Device>>, slot: usize) {
     if bus.remove(slot) {
         lock(devices).retain(|d| d.slot != slot);
     }

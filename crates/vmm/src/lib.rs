@@ -13,6 +13,7 @@ pub mod irq;
 pub mod memory;
 pub mod pause;
 pub mod probe;
+pub mod registry;
 pub mod vcpu;
 pub mod vm;
 

@@ -30,6 +30,7 @@ use crate::cpuid;
 use crate::hotplug;
 use crate::irq::KvmIrqs;
 use crate::pause::{self, Pause};
+use crate::registry::{self, disk_name};
 use crate::vcpu::{self, Buses, Stop};
 use crate::{kvm_err, Error, Result};
 
@@ -182,29 +183,17 @@ fn write_boot_data(
     Ok((k, segments))
 }
 
-/// The name the guest gives the `i`th virtio disk: vda, ..., vdz, vdaa, ...
-pub fn disk_name(i: usize) -> String {
-    let mut n = String::new();
-    let mut i = i + 1;
-    while i > 0 {
-        i -= 1;
-        n.insert(0, (b'a' + (i % 26) as u8) as char);
-        i /= 26;
-    }
-    format!("vd{n}")
-}
-
 /// The domain's virtio devices and what the API shows of each.
 struct Devices {
     virtio: Vec<Box<dyn VirtioDevice>>,
-    api: Vec<api::Device>,
+    api: Vec<registry::Device>,
     balloon: Option<Arc<BalloonHandle>>,
 }
 
 /// The domain's virtio devices: disks (vda, vdb, ... in order), the entropy
 /// device, the balloon.
 fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
-    let mut devices: Vec<(Box<dyn VirtioDevice>, api::Device)> = Vec::new();
+    let mut devices: Vec<(Box<dyn VirtioDevice>, registry::Device)> = Vec::new();
     let mut balloon = None;
     for (i, d) in cfg.disks.iter().enumerate() {
         devices.push(hotplug::disk_device(d, disk_name(i))?);
@@ -214,7 +203,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
     }
     if let Some(cid) = cfg.vsock_cid {
         let v = Vsock::new(cid)?;
-        let a = api::Device {
+        let a = registry::Device {
             id: "vsock0".into(),
             slot: 0,
             kind: "vsock",
@@ -226,7 +215,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
     }
     if cfg.rng {
         let r = Rng::new();
-        let a = api::Device {
+        let a = registry::Device {
             id: "rng0".into(),
             slot: 0,
             kind: "rng",
@@ -238,7 +227,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
     }
     if cfg.balloon {
         let b = Balloon::new().map_err(|e| Error::Io("creating the balloon", e))?;
-        let a = api::Device {
+        let a = registry::Device {
             id: "balloon0".into(),
             slot: 0,
             kind: "balloon",
@@ -261,7 +250,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
 /// API entries learn their slots.
 fn pci_bus(
     devices: Vec<Box<dyn VirtioDevice>>,
-    api: &mut [api::Device],
+    api: &mut [registry::Device],
     mem: &Arc<GuestMemoryMmap>,
     irqs: &Arc<KvmIrqs>,
 ) -> Result<PciBus> {
