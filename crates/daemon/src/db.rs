@@ -8,6 +8,9 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+/// How many lines the daemon log keeps (the oldest go first).
+pub const LOG_LINES: i64 = 10_000;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     pub id: i64,
@@ -167,8 +170,13 @@ impl Db {
         Ok(())
     }
 
-    /// Appends a line to the daemon log (`domus dmesg`).
+    /// Appends a line to the daemon log (`domus dmesg`), which keeps the
+    /// last [`LOG_LINES`] lines.
     pub fn log(&self, msg: &str) {
+        self.log_keeping(msg, LOG_LINES);
+    }
+
+    fn log_keeping(&self, msg: &str, keep: i64) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
@@ -176,6 +184,12 @@ impl Db {
         let _ = self.conn.execute(
             "INSERT INTO log (at, msg) VALUES (?1, ?2)",
             params![now, msg],
+        );
+        // Rows are numbered in order (rowid), so the oldest go first: a
+        // range delete on the table's own key.
+        let _ = self.conn.execute(
+            "DELETE FROM log WHERE rowid <= (SELECT MAX(rowid) FROM log) - ?1",
+            [keep],
         );
     }
 
@@ -229,6 +243,20 @@ mod tests {
         assert_eq!((all[0].pid, all[0].state.as_str()), (Some(1234), "running"));
         assert_eq!(all[1].state, "creating");
         assert_eq!(db.log_lines().unwrap()[0].1, "hello");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_log_keeps_its_last_lines() {
+        let dir = std::env::temp_dir().join(format!("domus-db-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Db::open(&dir.join("state.db")).unwrap();
+        for i in 0..25 {
+            db.log_keeping(&format!("line {i}"), 10);
+        }
+        let lines: Vec<String> = db.log_lines().unwrap().into_iter().map(|l| l.1).collect();
+        let want: Vec<String> = (15..25).map(|i| format!("line {i}")).collect();
+        assert_eq!(lines, want);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
