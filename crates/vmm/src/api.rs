@@ -13,11 +13,15 @@ use std::time::{Duration, Instant};
 
 use domus_devices::bus::lock;
 
+use domus_api::vmm::{
+    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, PlugRequest, Pressed,
+    RateLimit, RateLimitUpdate, Unplugging,
+};
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
 use domus_virtio::balloon::BalloonHandle;
 use domus_virtio::ratelimit::Limits;
-use serde_json::{json, Map, Value};
+use serde::Serialize;
 
 use crate::pause::Pause;
 use crate::registry::{free_name, Device, Hotplug, Plug};
@@ -60,8 +64,20 @@ pub struct Domain {
     pub hotplug: Option<Arc<dyn Hotplug>>,
 }
 
-fn ok(v: Value) -> Response {
-    Response::json(200, v.to_string())
+fn json<T: Serialize>(status: u16, v: &T) -> Response {
+    match serde_json::to_string(v) {
+        Ok(text) => Response::json(status, text),
+        Err(e) => Response::error(500, &format!("writing the answer: {e}")),
+    }
+}
+
+fn ok<T: Serialize>(v: &T) -> Response {
+    json(200, v)
+}
+
+/// A request body of type `T`, or the 400 that names what is wrong with it.
+fn body<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
+    domus_api::parse_body(&req.body).map_err(|e| Response::error(400, &e))
 }
 
 /// Finds the route for `method` and `path` in [`ROUTES`].
@@ -69,89 +85,76 @@ pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>)
     domus_http::route(ROUTES, method, path)
 }
 
-/// A field that must be absent, null or a non-negative integer.
-fn opt_u64(m: &Map<String, Value>, key: &str) -> Result<Option<Option<u64>>, Response> {
-    match m.get(key) {
-        None => Ok(None),
-        Some(Value::Null) => Ok(Some(None)),
-        Some(v) => match v.as_u64() {
-            Some(n) => Ok(Some(Some(n))),
-            None => Err(Response::error(
-                400,
-                &format!("'{key}' must be a non-negative integer or null"),
-            )),
-        },
-    }
-}
-
 /// The balloon as the API shows it; asks the driver for fresh statistics
 /// and waits briefly for them.
-fn balloon_json(b: &BalloonHandle, memory: u64) -> Value {
+fn balloon_info(b: &BalloonHandle, memory: u64) -> BalloonInfo {
     let asked = Instant::now();
     let _ = b.statistics();
     b.wait_statistics(asked, Duration::from_millis(200));
     let (stats, age) = b.statistics();
-    let stats: Map<String, Value> = stats
+    let statistics = stats
         .into_iter()
         .map(|(tag, v)| {
             let name = domus_virtio::balloon::stat_name(tag)
                 .map(str::to_string)
                 .unwrap_or_else(|| format!("tag_{tag}"));
-            (name, Value::from(v))
+            (name, v)
         })
         .collect();
     let mib = |pages: u64| pages >> (20 - 12);
-    json!({
-        "target_mib": (memory >> 20).saturating_sub(mib(b.target_pages())),
-        "balloon_target_mib": mib(b.target_pages()),
-        "balloon_actual_mib": mib(b.actual_pages()),
-        "actual_mib": (memory >> 20).saturating_sub(mib(b.actual_pages())),
-        "reported_bytes": b.reported_bytes.load(std::sync::atomic::Ordering::Relaxed),
-        "statistics": stats,
-        "statistics_age_s": age.map(|a| a.as_secs_f64()),
-    })
+    BalloonInfo {
+        target_mib: (memory >> 20).saturating_sub(mib(b.target_pages())),
+        balloon_target_mib: mib(b.target_pages()),
+        balloon_actual_mib: mib(b.actual_pages()),
+        actual_mib: (memory >> 20).saturating_sub(mib(b.actual_pages())),
+        reported_bytes: b.reported_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        statistics,
+        statistics_age_s: age.map(|a| a.as_secs_f64()),
+    }
 }
 
-fn limits_json(l: Limits) -> Value {
-    json!({ "bandwidth": l.bytes_per_sec, "iops": l.ops_per_sec })
+fn rate_limit(l: Limits) -> RateLimit {
+    RateLimit {
+        bandwidth: l.bytes_per_sec,
+        iops: l.ops_per_sec,
+    }
 }
 
 impl Domain {
-    pub fn state(&self) -> &'static str {
+    pub fn state(&self) -> DomainState {
         if self.pause.is_paused() {
-            "paused"
+            DomainState::Paused
         } else {
-            "running"
+            DomainState::Running
         }
     }
 
-    fn info(&self) -> Value {
-        json!({
-            "name": self.name,
-            "state": self.state(),
-            "pid": std::process::id(),
-            "vcpus": self.vcpus,
-            "memory_mib": self.memory >> 20,
-            "uptime_s": self.started.elapsed().as_secs_f64(),
-            "vcpu_tids": self.pause.vcpu_tids(),
-            "devices": lock(&self.devices).iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
-        })
+    fn info(&self) -> DomainInfo {
+        DomainInfo {
+            name: self.name.clone(),
+            state: self.state(),
+            pid: std::process::id(),
+            vcpus: self.vcpus,
+            memory_mib: self.memory >> 20,
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            vcpu_tids: self.pause.vcpu_tids(),
+            devices: lock(&self.devices).iter().map(|d| d.id.clone()).collect(),
+        }
     }
 
-    fn device_json(d: &Device) -> Value {
-        let counters: Map<String, Value> = d
-            .stats
-            .counters()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), Value::from(v)))
-            .collect();
-        json!({
-            "id": d.id,
-            "type": d.kind,
-            "info": d.info,
-            "counters": counters,
-            "rate_limit": d.limiter.as_ref().map(|l| limits_json(l.limits())),
-        })
+    fn device_info(d: &Device) -> DeviceInfo {
+        DeviceInfo {
+            id: d.id.clone(),
+            kind: d.kind.to_string(),
+            info: d.info.clone(),
+            counters: d
+                .stats
+                .counters()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            rate_limit: d.limiter.as_ref().map(|l| rate_limit(l.limits())),
+        }
     }
 
     fn device(&self, id: &str) -> Result<Device, Response> {
@@ -172,29 +175,24 @@ impl Domain {
     /// `{"net": "tap=NAME[,mac=][,bw=][,pps=]"}`, as `domus run` takes them.
     fn plug(&self, req: &Request) -> Result<Response, Response> {
         let hp = self.hotplug()?;
-        let m = domus_http::object_body(req, &["disk", "net"])?;
-        let spec = |k: &str| {
-            m.get(k).map(|v| {
-                v.as_str()
-                    .ok_or_else(|| Response::error(400, &format!("'{k}' must be a string")))
-            })
-        };
-        let what = match (spec("disk"), spec("net")) {
-            (Some(d), None) => {
-                Plug::Disk(crate::config::parse_disk(d?).map_err(|e| Response::error(400, &e))?)
-            }
-            (None, Some(n)) => {
-                Plug::Net(crate::config::parse_net(n?).map_err(|e| Response::error(400, &e))?)
-            }
+        let what = match body::<PlugRequest>(req)? {
+            PlugRequest {
+                disk: Some(d),
+                net: None,
+            } => Plug::Disk(crate::config::parse_disk(&d).map_err(|e| Response::error(400, &e))?),
+            PlugRequest {
+                disk: None,
+                net: Some(n),
+            } => Plug::Net(crate::config::parse_net(&n).map_err(|e| Response::error(400, &e))?),
             _ => return Err(Response::error(400, "give exactly one of 'disk' or 'net'")),
         };
         // Held across the plug, so two plugs never pick the same name.
         let mut devices = lock(&self.devices);
         let id = free_name(&devices, matches!(what, Plug::Disk(_)));
         let d = hp.plug(id, &what).map_err(|e| Response::error(409, &e))?;
-        let body = Self::device_json(&d);
+        let info = Self::device_info(&d);
         devices.push(d);
-        Ok(Response::json(201, body.to_string()))
+        Ok(json(201, &info))
     }
 
     /// DELETE /v1/devices/{id}: asks the guest to let go of a disk or an
@@ -209,9 +207,12 @@ impl Domain {
             ));
         }
         hp.unplug(d.slot).map_err(|e| Response::error(500, &e))?;
-        Ok(Response::json(
+        Ok(json(
             202,
-            json!({"unplugging": id, "slot": d.slot}).to_string(),
+            &Unplugging {
+                unplugging: id.to_string(),
+                slot: d.slot,
+            },
         ))
     }
 
@@ -223,18 +224,16 @@ impl Domain {
                 &format!("device '{id}' has no rate limiter"),
             ));
         };
-        let m = domus_http::object_body(req, &["bandwidth", "iops"])?;
-        let bw = opt_u64(&m, "bandwidth")?;
-        let iops = opt_u64(&m, "iops")?;
+        let update: RateLimitUpdate = body(req)?;
         let mut limits = l.limits();
-        if let Some(bw) = bw {
+        if let Some(bw) = update.bandwidth {
             limits.bytes_per_sec = bw.filter(|v| *v > 0);
         }
-        if let Some(iops) = iops {
+        if let Some(iops) = update.iops {
             limits.ops_per_sec = iops.filter(|v| *v > 0);
         }
         l.set_limits(limits);
-        Ok(ok(Self::device_json(&d)))
+        Ok(ok(&Self::device_info(&d)))
     }
 
     fn balloon(&self) -> Result<&BalloonHandle, Response> {
@@ -245,11 +244,7 @@ impl Domain {
 
     fn set_balloon(&self, req: &Request) -> Result<Response, Response> {
         let b = self.balloon()?;
-        let m = domus_http::object_body(req, &["target_mib"])?;
-        let target = match opt_u64(&m, "target_mib")? {
-            Some(Some(t)) => t,
-            _ => return Err(Response::error(400, "'target_mib' is required")),
-        };
+        let target = body::<BalloonTarget>(req)?.target_mib;
         let mem_mib = self.memory >> 20;
         if target > mem_mib {
             return Err(Response::error(
@@ -259,7 +254,7 @@ impl Domain {
         }
         // The balloon holds what the guest gives up.
         b.set_target_pages((mem_mib - target) << (20 - 12));
-        Ok(ok(balloon_json(b, self.memory)))
+        Ok(ok(&balloon_info(b, self.memory)))
     }
 
     /// Answers one request.
@@ -271,19 +266,21 @@ impl Domain {
         let id = id.unwrap_or_default();
         let r = match ROUTES[i].1 {
             "/openapi.json" => Ok(Response::json(200, OPENAPI)),
-            "/v1/domain" => Ok(ok(self.info())),
+            "/v1/domain" => Ok(ok(&self.info())),
             "/v1/domain/pause" => match self.pause.pause(self.vcpus as usize, PAUSE_TIMEOUT) {
-                Ok(()) => Ok(ok(self.info())),
+                Ok(()) => Ok(ok(&self.info())),
                 Err(e) => Err(Response::error(500, &e.to_string())),
             },
             "/v1/domain/resume" => {
                 self.pause.resume();
-                Ok(ok(self.info()))
+                Ok(ok(&self.info()))
             }
             "/v1/domain/power-button" => match self.events.raise(GED_POWER_BUTTON) {
-                Ok(()) => Ok(Response::json(
+                Ok(()) => Ok(json(
                     202,
-                    json!({"pressed": "power-button"}).to_string(),
+                    &Pressed {
+                        pressed: "power-button".into(),
+                    },
                 )),
                 Err(e) => Err(Response::error(
                     500,
@@ -291,14 +288,15 @@ impl Domain {
                 )),
             },
             "/v1/devices" if req.method == "POST" => self.plug(req),
-            "/v1/devices" => Ok(ok(Value::Array(
-                lock(&self.devices).iter().map(Self::device_json).collect(),
-            ))),
+            "/v1/devices" => Ok(ok(&lock(&self.devices)
+                .iter()
+                .map(Self::device_info)
+                .collect::<Vec<_>>())),
             "/v1/devices/{id}" if req.method == "DELETE" => self.unplug(id),
-            "/v1/devices/{id}" => self.device(id).map(|d| ok(Self::device_json(&d))),
+            "/v1/devices/{id}" => self.device(id).map(|d| ok(&Self::device_info(&d))),
             "/v1/devices/{id}/rate-limit" => self.set_rate_limit(id, req),
             "/v1/balloon" if req.method == "GET" => {
-                self.balloon().map(|b| ok(balloon_json(b, self.memory)))
+                self.balloon().map(|b| ok(&balloon_info(b, self.memory)))
             }
             "/v1/balloon" => self.set_balloon(req),
             _ => Err(Response::error(500, "route without a handler")),
@@ -312,6 +310,7 @@ mod tests {
     use super::*;
     use domus_virtio::ratelimit::Shared;
     use domus_virtio::Stats;
+    use serde_json::{json, Value};
     use std::collections::BTreeSet;
 
     fn req(method: &str, path: &str, body: &str) -> Request {
@@ -534,9 +533,15 @@ mod tests {
             r#"{"disk": "/x", "net": "tap=t"}"#,
             r#"{"disk": ",ro"}"#,
             r#"{"cdrom": "/x"}"#,
+            r#"{"disk": "/x", "size": 1}"#,
         ] {
             assert_eq!(post(&d, bad).status, 400, "{bad}");
         }
+        // An unknown field is named, and nothing is plugged.
+        let r = post(&d, r#"{"disk": "/img/b", "size": 1}"#);
+        let e = body(&r)["error"].as_str().unwrap_or_default().to_string();
+        assert!(e.contains("unknown field `size`"), "{e}");
+        assert_eq!(lock(&d.devices).len(), 1);
         let r = post(&d, r#"{"disk": "/img/b"}"#);
         assert_eq!(r.status, 201);
         assert_eq!(body(&r)["id"], "vdb", "vda is taken");

@@ -1,0 +1,35 @@
+//! The contract of Domus's control plane: one serde type for each request
+//! and response body of its REST APIs, shared by the servers, their clients
+//! and the tests. Every type refuses fields it does not know
+//! (`deny_unknown_fields`), so a misspelt field is a 400 naming it, never a
+//! silently ignored one.
+//!
+//! - [`vmm`]: the per-domain API a VMM serves (`domus run --api-socket`),
+//!   documented in `api/domain.openapi.json`.
+
+pub mod vmm;
+
+use serde::de::DeserializeOwned;
+
+/// The body of every 4xx and 5xx answer: `{"error": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// Parses a request body into `T`. The error is the message for a 400: an
+/// empty body, bad JSON, a missing field, a wrong type or an unknown field,
+/// each named.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err("a JSON object body is required".into());
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    // serde would take a struct from an array of its fields, in order.
+    if !v.is_object() {
+        return Err("body must be a JSON object".into());
+    }
+    serde_json::from_value(v).map_err(|e| format!("bad request body: {e}"))
+}

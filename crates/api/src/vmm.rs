@@ -1,0 +1,201 @@
+//! Bodies of the per-domain API that each VMM serves on its Unix socket
+//! (`domus run --api-socket PATH`; routes and schemas in
+//! `api/domain.openapi.json`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// What a running VMM's domain is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DomainState {
+    Running,
+    Paused,
+}
+
+/// `GET /v1/domain`, and the answer to pause and resume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainInfo {
+    pub name: String,
+    pub state: DomainState,
+    /// The VMM's process id.
+    pub pid: u32,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub uptime_s: f64,
+    /// Thread ids of the vCPU threads, vCPU 0 first.
+    pub vcpu_tids: Vec<i32>,
+    /// Device ids (`vda`, `net0`, `rng0`, ...).
+    pub devices: Vec<String>,
+}
+
+/// A device's limits; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Bytes per second.
+    pub bandwidth: Option<u64>,
+    /// Operations per second (a disk's requests, an interface's packets).
+    pub iops: Option<u64>,
+}
+
+/// `GET /v1/devices/{id}`; `GET /v1/devices` lists them all.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceInfo {
+    pub id: String,
+    /// `block`, `net`, `rng`, `balloon`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Fixed facts that depend on the kind (a disk's path, read-only flag
+    /// and serial; an interface's tap and MAC address).
+    pub info: serde_json::Value,
+    /// The device's counters, by name (bytes, operations, kicks, ...).
+    pub counters: BTreeMap<String, u64>,
+    /// Its rate limits, for a device that has a limiter.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// `PUT /v1/devices/{id}/rate-limit`: a field left out keeps its limit;
+/// `null` or 0 lifts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitUpdate {
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bandwidth: Option<Option<u64>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub iops: Option<Option<u64>>,
+}
+
+/// A field that is present: `Some(None)` for `null`, `Some(Some(n))` for a
+/// number (an absent field is `None`, through `default`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
+    Option::<u64>::deserialize(d).map(Some)
+}
+
+/// `POST /v1/devices`: exactly one of `disk` or `net`, written as
+/// `domus run --disk` and `--net` take them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlugRequest {
+    /// `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+    /// `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<String>,
+}
+
+/// The answer to `DELETE /v1/devices/{id}` (202): the guest has been asked
+/// to let go of the device in this PCI slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unplugging {
+    pub unplugging: String,
+    pub slot: usize,
+}
+
+/// The answer to `PUT /v1/domain/power-button` (202).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pressed {
+    pub pressed: String,
+}
+
+/// `GET /v1/balloon`, and the answer to `PUT /v1/balloon`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonInfo {
+    /// The memory the guest is asked to keep.
+    pub target_mib: u64,
+    /// What the balloon is asked to hold (the domain's memory less the
+    /// target).
+    pub balloon_target_mib: u64,
+    /// What it holds now.
+    pub balloon_actual_mib: u64,
+    /// The memory the guest has now.
+    pub actual_mib: u64,
+    /// Freed memory the guest has reported (free page reporting), in all.
+    pub reported_bytes: u64,
+    /// The guest's memory statistics, by name (`free_memory`, ...).
+    pub statistics: BTreeMap<String, u64>,
+    /// How old those statistics are; `None` before the first.
+    pub statistics_age_s: Option<f64>,
+}
+
+/// `PUT /v1/balloon`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonTarget {
+    pub target_mib: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_body;
+
+    #[test]
+    fn unknown_fields_and_wrong_types_are_refused_by_name() {
+        let e = parse_body::<RateLimitUpdate>(br#"{"bw": 1}"#).unwrap_err();
+        assert!(e.contains("unknown field `bw`"), "{e}");
+        let e = parse_body::<PlugRequest>(br#"{"disk": "a", "size": 3}"#).unwrap_err();
+        assert!(e.contains("unknown field `size`"), "{e}");
+        let e = parse_body::<RateLimitUpdate>(br#"{"iops": 1.5}"#).unwrap_err();
+        assert!(e.contains("invalid type"), "{e}");
+        let e = parse_body::<BalloonTarget>(b"{}").unwrap_err();
+        assert!(e.contains("missing field `target_mib`"), "{e}");
+        assert!(parse_body::<BalloonTarget>(b"").is_err());
+        assert!(parse_body::<BalloonTarget>(b"not json").is_err());
+        assert!(parse_body::<BalloonTarget>(b"[1]").is_err());
+    }
+
+    #[test]
+    fn a_rate_limit_update_tells_absent_from_null() {
+        let u: RateLimitUpdate = parse_body(br#"{"bandwidth": null, "iops": 7}"#).unwrap();
+        assert_eq!(u.bandwidth, Some(None));
+        assert_eq!(u.iops, Some(Some(7)));
+        let u: RateLimitUpdate = parse_body(b"{}").unwrap();
+        assert_eq!(u, RateLimitUpdate::default());
+    }
+
+    #[test]
+    fn answers_read_back_as_written() {
+        let d = DomainInfo {
+            name: "a".into(),
+            state: DomainState::Paused,
+            pid: 7,
+            vcpus: 2,
+            memory_mib: 256,
+            uptime_s: 1.5,
+            vcpu_tids: vec![8, 9],
+            devices: vec!["vda".into()],
+        };
+        let text = serde_json::to_string(&d).unwrap();
+        assert!(text.contains(r#""state":"paused""#), "{text}");
+        assert_eq!(parse_body::<DomainInfo>(text.as_bytes()).unwrap(), d);
+        let dev = DeviceInfo {
+            id: "vda".into(),
+            kind: "block".into(),
+            info: serde_json::json!({"path": "/x"}),
+            counters: [("read_bytes".to_string(), 4)].into(),
+            rate_limit: Some(RateLimit {
+                bandwidth: Some(1),
+                iops: None,
+            }),
+        };
+        let text = serde_json::to_string(&dev).unwrap();
+        assert!(text.contains(r#""type":"block""#), "{text}");
+        assert_eq!(parse_body::<DeviceInfo>(text.as_bytes()).unwrap(), dev);
+    }
+}
