@@ -6,7 +6,9 @@
 //!
 //! - [`vmm`]: the per-domain API a VMM serves (`domus run --api-socket`),
 //!   documented in `api/domain.openapi.json`.
+//! - [`client`]: a typed client of that API ([`client::VmmClient`]).
 
+pub mod client;
 pub mod vmm;
 
 use serde::de::DeserializeOwned;

@@ -100,13 +100,13 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .map(|()| Response::no_content())
             .map_err(|e| err(&e)),
         (_, "/v1/domains/{dom}/pause") => d
-            .domain_request(dom, "PUT", "/v1/domain/pause", None)
-            .and_then(|_| d.find(dom))
+            .pause(dom, true)
+            .and_then(|()| d.find(dom))
             .map(|r| ok(d.describe(&r)))
             .map_err(|e| err(&e)),
         (_, "/v1/domains/{dom}/unpause") => d
-            .domain_request(dom, "PUT", "/v1/domain/resume", None)
-            .and_then(|_| d.find(dom))
+            .pause(dom, false)
+            .and_then(|()| d.find(dom))
             .map(|r| ok(d.describe(&r)))
             .map_err(|e| err(&e)),
         (_, "/v1/domains/{dom}/shutdown" | "/v1/domains/{dom}/reboot") => {
@@ -145,8 +145,8 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map_err(|e| err(&e))
         }),
         (_, "/v1/domains/{dom}/devices") => d
-            .domain_request(dom, "GET", "/v1/devices", None)
-            .map(ok)
+            .devices(dom)
+            .map(|list| ok(serde_json::to_value(list).unwrap_or(Value::Null)))
             .map_err(|e| err(&e)),
         (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
             object_body(req, &["spec"]).and_then(|m| {

@@ -21,6 +21,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use domus_api::client::{ClientError, VmmClient};
+use domus_api::vmm::{DeviceInfo, DomainState, PlugRequest};
 use domus_xlcfg::{Action, DomainConfig};
 use serde_json::{json, Value};
 
@@ -78,6 +80,16 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A typed answer as JSON, for the daemon's own (still untyped) answers.
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// A failed call to domain `r`'s own API, as the daemon reports it.
+fn vmm_error(r: &db::Row) -> impl FnOnce(ClientError) -> Error + '_ {
+    move |e| Error::Invalid(format!("domain {}: {e}", r.name))
+}
 
 /// Host facts for admission control and `domus info`.
 pub fn host_memory_mib() -> u64 {
@@ -648,7 +660,7 @@ impl Daemon {
                     msg: format!("domus run exited ({status}): {}", log.trim()),
                 });
             }
-            if let Ok((200, _)) = domus_http::request(&api, "GET", "/v1/domain", None) {
+            if VmmClient::new(&api).domain().is_ok() {
                 break;
             }
             if Instant::now() > deadline {
@@ -669,8 +681,7 @@ impl Daemon {
             },
         );
         if c.memory_mib < c.maxmem_mib {
-            let body = json!({ "target_mib": c.memory_mib }).to_string();
-            let _ = domus_http::request(&api, "PUT", "/v1/balloon", Some(&body));
+            let _ = VmmClient::new(&api).set_balloon(c.memory_mib);
         }
         Ok(())
     }
@@ -739,14 +750,8 @@ impl Daemon {
         domain_dir(&self.state, r.id).join("api.sock")
     }
 
-    /// Sends a request to a domain's own API.
-    pub fn domain_request(
-        &self,
-        dom: &str,
-        method: &str,
-        path: &str,
-        body: Option<&str>,
-    ) -> Result<Value> {
+    /// A running domain and a typed client of its own API.
+    fn vmm(&self, dom: &str) -> Result<(db::Row, VmmClient)> {
         let r = self.find(dom)?;
         if r.state != "running" {
             return Err(Error::WrongState {
@@ -754,25 +759,29 @@ impl Daemon {
                 state: r.state,
             });
         }
-        let (status, text) = domus_http::request(&self.api_sock(&r), method, path, body)
-            .map_err(|e| Error::Invalid(format!("domain {}: API: {e}", r.name)))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if status >= 400 {
-            return Err(Error::Invalid(format!(
-                "domain {}: {}",
-                r.name,
-                v["error"].as_str().unwrap_or(&text)
-            )));
-        }
-        Ok(v)
+        let api = VmmClient::new(self.api_sock(&r));
+        Ok((r, api))
+    }
+
+    /// Pauses (or, with `false`, resumes) a running domain's vCPUs.
+    pub fn pause(&self, dom: &str, paused: bool) -> Result<()> {
+        let (r, api) = self.vmm(dom)?;
+        let done = if paused { api.pause() } else { api.resume() };
+        done.map(drop).map_err(vmm_error(&r))
+    }
+
+    /// A running domain's devices, as its VMM shows them.
+    pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>> {
+        let (r, api) = self.vmm(dom)?;
+        api.devices().map_err(vmm_error(&r))
     }
 
     /// Asks the guest to power off or reboot: presses its ACPI power
     /// button and remembers the request. The domain's on_poweroff or
     /// on_reboot action applies once the guest has stopped.
     pub fn shutdown(&self, dom: &str, what: Request) -> Result<()> {
-        let r = self.find(dom)?;
-        self.domain_request(dom, "PUT", "/v1/domain/power-button", None)?;
+        let (r, api) = self.vmm(dom)?;
+        api.power_button().map_err(vmm_error(&r))?;
         if let Some(l) = lock(&self.live).get_mut(&r.id) {
             l.requested = Some(what);
         }
@@ -796,14 +805,10 @@ impl Daemon {
         if mib > r.memory_mib as u64 {
             self.admit(mib, Some(r.id))?;
         }
-        let v = self.domain_request(
-            dom,
-            "PUT",
-            "/v1/balloon",
-            Some(&json!({ "target_mib": mib }).to_string()),
-        )?;
+        let (_, api) = self.vmm(dom)?;
+        let b = api.set_balloon(mib).map_err(vmm_error(&r))?;
         lock(&self.db).set_memory(r.id, mib as i64)?;
-        Ok(v)
+        Ok(to_json(&b))
     }
 
     /// mem-max: the most memory the domain may have. It bounds `mem-set` at
@@ -826,10 +831,10 @@ impl Daemon {
             )));
         }
         let ram = match r.state.as_str() {
-            "running" => self
-                .domain_request(dom, "GET", "/v1/domain", None)?
-                .get("memory_mib")
-                .and_then(Value::as_u64),
+            "running" => {
+                let (_, api) = self.vmm(dom)?;
+                Some(api.domain().map_err(vmm_error(&r))?.memory_mib)
+            }
             _ => None,
         };
         c.maxmem_mib = mib;
@@ -875,31 +880,44 @@ impl Daemon {
             disk.path.display(),
             if disk.read_only { ",ro" } else { "" }
         );
-        let dev = self.domain_request(
-            dom,
-            "POST",
-            "/v1/devices",
-            Some(&json!({ "disk": vmm_spec }).to_string()),
-        )?;
+        let (_, api) = self.vmm(dom)?;
+        let dev = api
+            .plug(&PlugRequest {
+                disk: Some(vmm_spec),
+                net: None,
+            })
+            .map_err(vmm_error(&r))?;
         self.remember(&r, "disk", &list)?;
         self.log(&format!(
             "attached {} to domain {} as {}",
             disk.path.display(),
             r.name,
-            dev["id"].as_str().unwrap_or("?")
+            dev.id
         ));
-        Ok(dev)
+        Ok(to_json(&dev))
     }
 
-    /// A device of a running domain, by its API id (vda, net0, ...).
-    fn device(&self, dom: &str, id: &str, kind: &str) -> Result<Value> {
-        let d = self.domain_request(dom, "GET", &format!("/v1/devices/{id}"), None)?;
-        if d["type"] != kind {
+    /// A device of a running domain, by its API id (vda, net0, ...), and
+    /// a client of the domain's API.
+    fn device(&self, dom: &str, id: &str, kind: &str) -> Result<(DeviceInfo, VmmClient)> {
+        let (r, api) = self.vmm(dom)?;
+        let d = api.device(id).map_err(vmm_error(&r))?;
+        if d.kind != kind {
             return Err(Error::Invalid(format!(
                 "device {id} is not a {kind} device"
             )));
         }
-        Ok(d)
+        Ok((d, api))
+    }
+
+    /// A string fact of a device (its `info`): a disk's path, an
+    /// interface's MAC or tap.
+    fn fact(d: &DeviceInfo, key: &str) -> String {
+        d.info
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// block-detach: asks the guest to let go of a disk (by its name,
@@ -907,9 +925,9 @@ impl Daemon {
     /// disk leaves when the guest has released it.
     pub fn block_detach(&self, dom: &str, id: &str) -> Result<Value> {
         let r = self.find(dom)?;
-        let d = self.device(dom, id, "block")?;
-        let path = d["info"]["path"].as_str().unwrap_or_default().to_string();
-        let v = self.domain_request(dom, "DELETE", &format!("/v1/devices/{id}"), None)?;
+        let (d, api) = self.device(dom, id, "block")?;
+        let path = Self::fact(&d, "path");
+        let v = to_json(&api.unplug(id).map_err(vmm_error(&r))?);
         let c = self.load(&r)?;
         let mut disks = c.disks.clone();
         if let Some(i) = disks
@@ -975,7 +993,7 @@ impl Daemon {
             });
         }
         ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
-        let made = (|| -> Result<Value> {
+        let made = (|| -> Result<DeviceInfo> {
             if let Some(br) = &vif.bridge {
                 ip(&["link", "set", &tap, "master", br])?;
             }
@@ -984,12 +1002,12 @@ impl Daemon {
             if let Some(rate) = vif.rate {
                 net.push_str(&format!(",bw={rate}"));
             }
-            self.domain_request(
-                dom,
-                "POST",
-                "/v1/devices",
-                Some(&json!({ "net": net }).to_string()),
-            )
+            let (_, api) = self.vmm(dom)?;
+            api.plug(&PlugRequest {
+                disk: None,
+                net: Some(net),
+            })
+            .map_err(vmm_error(&r))
         })();
         let dev = match made {
             Ok(d) => d,
@@ -1001,10 +1019,9 @@ impl Daemon {
         self.remember(&r, "vif", &list)?;
         self.log(&format!(
             "attached interface {} ({mac}, tap {tap}) to domain {}",
-            dev["id"].as_str().unwrap_or("?"),
-            r.name
+            dev.id, r.name
         ));
-        Ok(dev)
+        Ok(to_json(&dev))
     }
 
     /// network-detach: by index (0 for net0) or MAC. The guest lets go of
@@ -1013,20 +1030,18 @@ impl Daemon {
     pub fn network_detach(&self, dom: &str, which: &str) -> Result<Value> {
         let r = self.find(dom)?;
         let id = if which.contains(':') {
-            let all = self.domain_request(dom, "GET", "/v1/devices", None)?;
-            all.as_array()
+            self.devices(dom)?
                 .into_iter()
-                .flatten()
-                .find(|d| d["type"] == "net" && d["info"]["mac"] == which.to_lowercase())
-                .and_then(|d| d["id"].as_str().map(str::to_string))
+                .find(|d| d.kind == "net" && Self::fact(d, "mac") == which.to_lowercase())
+                .map(|d| d.id)
                 .ok_or_else(|| Error::Invalid(format!("no interface with MAC {which}")))?
         } else {
             format!("net{which}")
         };
-        let d = self.device(dom, &id, "net")?;
-        let mac = d["info"]["mac"].as_str().unwrap_or_default().to_string();
-        let tap = d["info"]["tap"].as_str().unwrap_or_default().to_string();
-        let v = self.domain_request(dom, "DELETE", &format!("/v1/devices/{id}"), None)?;
+        let (d, api) = self.device(dom, &id, "net")?;
+        let mac = Self::fact(&d, "mac");
+        let tap = Self::fact(&d, "tap");
+        let v = to_json(&api.unplug(&id).map_err(vmm_error(&r))?);
         let c = self.load(&r)?;
         let mut vifs = c.vifs.clone();
         let pos = vifs
@@ -1045,14 +1060,12 @@ impl Daemon {
         }
         // The tap goes once the guest has let go and the VMM closed it (at
         // most 60 s later; if the guest never does, destroy removes it).
-        let sock = self.api_sock(&r);
-        let path = format!("/v1/devices/{id}");
+        let (api, dev) = (api.with_timeout(Duration::from_secs(2)), id.clone());
         std::thread::spawn(move || {
             let end = Instant::now() + Duration::from_secs(60);
             while Instant::now() < end {
-                match domus_http::request_within(&sock, "GET", &path, None, Duration::from_secs(2))
-                {
-                    Ok((200, _)) => std::thread::sleep(Duration::from_millis(200)),
+                match api.device(&dev) {
+                    Ok(_) => std::thread::sleep(Duration::from_millis(200)),
                     _ => {
                         let _ = ip(&["link", "del", &tap]);
                         return;
@@ -1262,21 +1275,14 @@ impl Daemon {
         let mut vcpu_tids = Vec::new();
         if state == "running" {
             // A VMM that does not answer quickly shows its stored state.
-            if let Ok((200, t)) = domus_http::request_within(
-                &self.api_sock(r),
-                "GET",
-                "/v1/domain",
-                None,
-                Duration::from_secs(2),
-            ) {
-                let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
-                if let Some(s) = v["state"].as_str() {
-                    state = s.to_string();
+            let api = VmmClient::new(self.api_sock(r)).with_timeout(Duration::from_secs(2));
+            if let Ok(info) = api.domain() {
+                state = match info.state {
+                    DomainState::Running => "running",
+                    DomainState::Paused => "paused",
                 }
-                vcpu_tids = v["vcpu_tids"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(Value::as_i64).collect())
-                    .unwrap_or_default();
+                .to_string();
+                vcpu_tids = info.vcpu_tids;
             }
             if let Some(pid) = r.pid {
                 cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
