@@ -7,8 +7,11 @@
 //! - [`vmm`]: the per-domain API a VMM serves (`domus run --api-socket`),
 //!   documented in `api/domain.openapi.json`.
 //! - [`client`]: a typed client of that API ([`client::VmmClient`]).
+//! - [`daemon`]: the daemon's API (`domusd.sock`), documented in
+//!   `api/daemon.openapi.json`: its request bodies so far.
 
 pub mod client;
+pub mod daemon;
 pub mod vmm;
 
 use serde::de::DeserializeOwned;

@@ -4,6 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use domus_api::daemon::{
+    AttachRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest, NameOrNumber,
+    PinRequest, RenameRequest, SchedRequest,
+};
 use serde_json::{json, Value};
 
 /// Where the daemon lives: `--state-dir`, `$DOMUS_STATE_DIR`, /var/lib/domus.
@@ -124,6 +128,11 @@ fn raw(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<(u16
 }
 
 /// One request to the daemon; Err is the message to print.
+/// A request body, as the daemon's API types define it.
+fn to_body<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
 fn call(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<Value, String> {
     let (status, text) = raw(sock, method, path, body)?;
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
@@ -154,18 +163,13 @@ pub fn create(a: CreateArgs) -> ExitCode {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| PathBuf::from("."));
-    let body = json!({
-        "config": text,
-        "file": a.config.display().to_string(),
-        "dir": dir.display().to_string(),
-        "overrides": a.overrides,
+    let body = to_body(&CreateRequest {
+        config: text,
+        file: Some(a.config.display().to_string()),
+        dir: Some(dir.display().to_string()),
+        overrides: Some(a.overrides),
     });
-    match call(
-        &a.state.socket(),
-        "POST",
-        "/v1/domains",
-        Some(&body.to_string()),
-    ) {
+    match call(&a.state.socket(), "POST", "/v1/domains", Some(&body)) {
         Ok(v) => {
             for w in v["warnings"].as_array().into_iter().flatten() {
                 eprintln!("domus: warning: {}", w.as_str().unwrap_or_default());
@@ -230,7 +234,9 @@ pub fn simple(verb: &str, a: DomArgs) -> ExitCode {
 }
 
 pub fn mem_set(a: MemSetArgs) -> ExitCode {
-    let body = json!({ "target_mib": a.size >> 20 }).to_string();
+    let body = to_body(&MemoryRequest {
+        target_mib: a.size >> 20,
+    });
     let path = format!("/v1/domains/{}/memory", a.domain);
     match call(&a.state.socket(), "PUT", &path, Some(&body)) {
         Ok(_) => ExitCode::SUCCESS,
@@ -341,7 +347,9 @@ pub struct MemMaxArgs {
 }
 
 pub fn mem_max(a: MemMaxArgs) -> ExitCode {
-    let body = json!({ "maxmem_mib": a.size >> 20 }).to_string();
+    let body = to_body(&MaxmemRequest {
+        maxmem_mib: a.size >> 20,
+    });
     let path = format!("/v1/domains/{}/maxmem", a.domain);
     match call(&a.state.socket(), "PUT", &path, Some(&body)) {
         Ok(v) => {
@@ -407,7 +415,7 @@ pub struct RenameArgs {
 }
 
 pub fn rename(a: RenameArgs) -> ExitCode {
-    let body = json!({ "name": a.new_name }).to_string();
+    let body = to_body(&RenameRequest { name: a.new_name });
     match call(
         &a.state.socket(),
         "PUT",
@@ -489,13 +497,13 @@ pub struct VcpuPinArgs {
 
 pub fn vcpu_pin(a: VcpuPinArgs) -> ExitCode {
     let vcpu = match a.vcpu.as_str() {
-        "all" => json!("all"),
+        "all" => None,
         v => match v.parse::<u64>() {
-            Ok(n) => json!(n),
+            Ok(n) => Some(NameOrNumber::Number(n)),
             Err(_) => return fail(format!("'{v}' is not a vCPU number or all")),
         },
     };
-    let body = json!({ "vcpu": vcpu, "cpus": a.cpus }).to_string();
+    let body = to_body(&PinRequest { vcpu, cpus: a.cpus });
     match call(
         &a.state.socket(),
         "PUT",
@@ -563,7 +571,7 @@ pub fn sched_credit(a: SchedArgs) -> ExitCode {
             let (method, body) = if w.is_none() && c.is_none() {
                 ("GET", None)
             } else {
-                ("PUT", Some(json!({"weight": w, "cap": c}).to_string()))
+                ("PUT", Some(to_body(&SchedRequest { weight: w, cap: c })))
             };
             match call(
                 &sock,
@@ -842,7 +850,9 @@ pub fn attach(verb: &str, a: AttachArgs) -> ExitCode {
     if verb == "block-attach" && a.spec.is_empty() {
         return fail("block-attach needs a disk spec, like /srv/d.img,raw,xvdb,rw");
     }
-    let body = json!({ "spec": a.spec.join(",") }).to_string();
+    let body = to_body(&AttachRequest {
+        spec: Some(a.spec.join(",")),
+    });
     let path = format!("/v1/domains/{}/{verb}", a.domain);
     match call(&a.state.socket(), "PUT", &path, Some(&body)) {
         Ok(d) => {
@@ -860,7 +870,9 @@ pub fn attach(verb: &str, a: AttachArgs) -> ExitCode {
 /// block-detach and network-detach: ask, then wait for the guest to let go.
 pub fn detach(verb: &str, a: DetachArgs) -> ExitCode {
     let sock = a.state.socket();
-    let body = json!({ "id": a.device }).to_string();
+    let body = to_body(&DetachRequest {
+        id: NameOrNumber::Name(a.device.clone()),
+    });
     let path = format!("/v1/domains/{}/{verb}", a.domain);
     let v = match call(&sock, "PUT", &path, Some(&body)) {
         Ok(v) => v,

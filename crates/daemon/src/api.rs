@@ -1,7 +1,11 @@
 //! The daemon's REST API (`domusd.sock`). Routes are listed once, in
 //! [`ROUTES`], and checked against `api/daemon.openapi.json` by a test.
 
-use domus_http::{object_body, Request, Response};
+use domus_api::daemon::{
+    AttachRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest, PinRequest,
+    RenameRequest, SchedRequest,
+};
+use domus_http::{Request, Response};
 use serde_json::{json, Value};
 
 use crate::{Daemon, Error, Request as Stop};
@@ -43,28 +47,22 @@ fn err(e: &Error) -> Response {
     Response::error(e.status(), &e.to_string())
 }
 
+/// A request body of type `T`, or the 400 that names what is wrong with it.
+fn body<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
+    domus_api::parse_body(&req.body).map_err(|e| Response::error(400, &e))
+}
+
 /// Finds the route for `method` and `path` in [`ROUTES`].
 pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>), Response> {
     domus_http::route(ROUTES, method, path)
 }
 
 fn create(d: &Daemon, req: &Request) -> Result<Response, Response> {
-    let m = object_body(req, &["config", "file", "dir", "overrides"])?;
-    let text = m
-        .get("config")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Response::error(400, "'config' (the file's text) is required"))?;
-    let file = m.get("file").and_then(Value::as_str).unwrap_or("config");
-    let dir = m.get("dir").and_then(Value::as_str).unwrap_or("/");
-    let overrides: Vec<String> = match m.get("overrides") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| Response::error(400, "'overrides' must be strings"))?,
-        Some(_) => return Err(Response::error(400, "'overrides' must be a list")),
-    };
+    let c: CreateRequest = body(req)?;
+    let file = c.file.as_deref().unwrap_or("config");
+    let dir = c.dir.as_deref().unwrap_or("/");
+    let overrides = c.overrides.unwrap_or_default();
+    let text = c.config.as_str();
     let (dom, warnings) = d.create(file, dir, text, &overrides).map_err(|e| err(&e))?;
     Ok(Response::json(
         201,
@@ -120,27 +118,13 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|r| Response::json(202, d.describe(&r).to_string()))
                 .map_err(|e| err(&e))
         }
-        (_, "/v1/domains/{dom}/maxmem") => object_body(req, &["maxmem_mib"]).and_then(|m| {
-            let t = m
-                .get("maxmem_mib")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| Response::error(400, "'maxmem_mib' must be a whole number"))?;
-            d.mem_max(dom, t).map(ok).map_err(|e| err(&e))
-        }),
-        (_, "/v1/domains/{dom}/memory") => object_body(req, &["target_mib"]).and_then(|m| {
-            let t = m
-                .get("target_mib")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| Response::error(400, "'target_mib' must be a whole number"))?;
-            d.mem_set(dom, t).map(ok).map_err(|e| err(&e))
-        }),
-        (_, "/v1/domains/{dom}/name") => object_body(req, &["name"]).and_then(|m| {
-            let n = m
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Response::error(400, "'name' must be a string"))?;
-            d.rename(dom, n)
-                .and_then(|()| d.find(n))
+        (_, "/v1/domains/{dom}/maxmem") => body::<MaxmemRequest>(req)
+            .and_then(|m| d.mem_max(dom, m.maxmem_mib).map(ok).map_err(|e| err(&e))),
+        (_, "/v1/domains/{dom}/memory") => body::<MemoryRequest>(req)
+            .and_then(|m| d.mem_set(dom, m.target_mib).map(ok).map_err(|e| err(&e))),
+        (_, "/v1/domains/{dom}/name") => body::<RenameRequest>(req).and_then(|m| {
+            d.rename(dom, &m.name)
+                .and_then(|()| d.find(&m.name))
                 .map(|r| ok(d.describe(&r)))
                 .map_err(|e| err(&e))
         }),
@@ -149,11 +133,13 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .map(|list| ok(serde_json::to_value(list).unwrap_or(Value::Null)))
             .map_err(|e| err(&e)),
         (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
-            object_body(req, &["spec"]).and_then(|m| {
-                let spec = match m.get("spec") {
-                    Some(Value::String(s)) => s.as_str(),
-                    None | Some(Value::Null) if verb.ends_with("network-attach") => "",
-                    _ => return Err(Response::error(400, "'spec' must be a string")),
+            body::<AttachRequest>(req).and_then(|m| {
+                let spec = match m.spec.as_deref() {
+                    Some(s) => s,
+                    None if verb.ends_with("network-attach") => "",
+                    None => {
+                        return Err(Response::error(400, "'spec' (an xl disk spec) is required"))
+                    }
                 };
                 let r = if verb.ends_with("block-attach") {
                     d.block_attach(dom, spec)
@@ -165,12 +151,8 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             })
         }
         (_, verb @ ("/v1/domains/{dom}/block-detach" | "/v1/domains/{dom}/network-detach")) => {
-            object_body(req, &["id"]).and_then(|m| {
-                let id = match m.get("id") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Number(n)) => n.to_string(),
-                    _ => return Err(Response::error(400, "'id' must be a string or a number")),
-                };
+            body::<DetachRequest>(req).and_then(|m| {
+                let id = m.id.to_string();
                 let r = if verb.ends_with("block-detach") {
                     d.block_detach(dom, &id)
                 } else {
@@ -184,40 +166,16 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .vcpus(dom)
             .map(|v| ok(Value::Array(v)))
             .map_err(|e| err(&e)),
-        (_, "/v1/domains/{dom}/vcpu-pin") => object_body(req, &["vcpu", "cpus"]).and_then(|m| {
-            let vcpu = match m.get("vcpu") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) if s == "all" => None,
-                Some(v) => Some(v.as_u64().ok_or_else(|| {
-                    Response::error(400, "'vcpu' must be a vCPU number or \"all\"")
-                })? as usize),
-            };
-            let cpus = m
-                .get("cpus")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Response::error(400, "'cpus' must be a CPU list like \"0-3\""))?;
-            d.pin(dom, vcpu, cpus)
+        (_, "/v1/domains/{dom}/vcpu-pin") => body::<PinRequest>(req).and_then(|m| {
+            let vcpu = m.vcpu().map_err(|e| Response::error(400, &e))?;
+            d.pin(dom, vcpu, &m.cpus)
                 .and_then(|()| d.vcpus(dom))
                 .map(|v| ok(Value::Array(v)))
                 .map_err(|e| err(&e))
         }),
         ("GET", "/v1/domains/{dom}/sched") => d.sched(dom, None, None).map(ok).map_err(|e| err(&e)),
-        ("PUT", "/v1/domains/{dom}/sched") => object_body(req, &["weight", "cap"]).and_then(|m| {
-            let num = |k: &str| -> Result<Option<u32>, Response> {
-                match m.get(k) {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(v) => v
-                        .as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .map(Some)
-                        .ok_or_else(|| {
-                            Response::error(400, &format!("'{k}' must be a whole number"))
-                        }),
-                }
-            };
-            let (w, c) = (num("weight")?, num("cap")?);
-            d.sched(dom, w, c).map(ok).map_err(|e| err(&e))
-        }),
+        ("PUT", "/v1/domains/{dom}/sched") => body::<SchedRequest>(req)
+            .and_then(|m| d.sched(dom, m.weight, m.cap).map(ok).map_err(|e| err(&e))),
         (_, "/metrics") => d
             .metrics()
             .map(|t| Response::text(200, t))
@@ -354,6 +312,17 @@ mod tests {
             ),
         );
         assert!(String::from_utf8_lossy(&r.body).contains("x.cfg:3: memory"));
+        // A field the API does not know is named, and nothing is created.
+        let r = handle(
+            &d,
+            &req(
+                "POST",
+                "/v1/domains",
+                r#"{"config": "name='y'\nkernel='/k'", "colour": 1}"#,
+            ),
+        );
+        assert_eq!(r.status, 400);
+        assert!(String::from_utf8_lossy(&r.body).contains("unknown field `colour`"));
         let list = handle(&d, &req("GET", "/v1/domains", ""));
         let v: Value = serde_json::from_slice(&list.body).unwrap();
         assert_eq!(v.as_array().unwrap().len(), 1, "only Domain-0: {v}");
