@@ -11,6 +11,8 @@ pub mod cpuid;
 pub mod hotplug;
 pub mod irq;
 pub mod memory;
+#[cfg(test)]
+mod openapi_check;
 pub mod pause;
 pub mod probe;
 pub mod registry;

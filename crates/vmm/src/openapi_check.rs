@@ -1,0 +1,191 @@
+//! The per-domain API's OpenAPI document (`api/domain.openapi.json`)
+//! checked against the `domus-api` types the server writes and reads: the
+//! same fields, of the same JSON types, nullable where a field may be null,
+//! required where the server always writes it. (Test-only.)
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use crate::api::OPENAPI;
+
+/// The JSON type OpenAPI gives a value.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// A schema with its `$ref` (or a one-element `allOf` of one) followed.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    let target = schema["$ref"]
+        .as_str()
+        .or_else(|| schema["allOf"][0]["$ref"].as_str());
+    match target {
+        Some(r) => &doc["components"]["schemas"][r.rsplit('/').next().unwrap_or_default()],
+        None => schema,
+    }
+}
+
+/// Checks `samples` (one type, serialized) against its OpenAPI schema:
+/// the same fields, each of the documented JSON type (null only where
+/// nullable, strings within an enum), and `required` naming every field
+/// when `all_required` (answers always write every field).
+fn check_schema(doc: &Value, what: &str, schema: &Value, samples: &[Value], all_required: bool) {
+    let schema = resolve(doc, schema);
+    let props = schema["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: no properties in {schema}"));
+    let documented: BTreeSet<&String> = props.keys().collect();
+    for sample in samples {
+        let fields = sample.as_object().unwrap();
+        assert_eq!(
+            fields.keys().collect::<BTreeSet<_>>(),
+            documented,
+            "{what}: the type's fields and the schema's"
+        );
+        for (k, v) in fields {
+            let p = &props[k];
+            if v.is_null() {
+                assert_eq!(p["nullable"], true, "{what}.{k} is null but not nullable");
+                continue;
+            }
+            let want = resolve(doc, p)["type"].as_str().unwrap_or_default();
+            let got = kind(v);
+            assert!(
+                got == want || (got == "integer" && want == "number"),
+                "{what}.{k}: {got} where the schema says {want}"
+            );
+            if let Some(e) = p["enum"].as_array() {
+                assert!(e.contains(v), "{what}.{k}: {v} is not in {e:?}");
+            }
+        }
+    }
+    if all_required {
+        let required: BTreeSet<&str> = schema["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            required,
+            documented.iter().map(|k| k.as_str()).collect(),
+            "{what}: required"
+        );
+    }
+}
+
+#[test]
+fn the_openapi_schemas_match_the_api_types() {
+    use domus_api::vmm::*;
+    use domus_api::ErrorBody;
+    let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+    fn sample<T: serde::Serialize>(v: &T) -> Value {
+        serde_json::to_value(v).unwrap()
+    }
+    let schemas = &doc["components"]["schemas"];
+    let info = DomainInfo {
+        name: "a".into(),
+        state: DomainState::Running,
+        pid: 1,
+        vcpus: 2,
+        memory_mib: 256,
+        uptime_s: 0.5,
+        vcpu_tids: vec![3],
+        devices: vec!["vda".into()],
+    };
+    check_schema(
+        &doc,
+        "DomainInfo",
+        &schemas["DomainInfo"],
+        &[sample(&info)],
+        true,
+    );
+    let limited = RateLimit {
+        bandwidth: Some(1),
+        iops: None,
+    };
+    let dev = |rate_limit| DeviceInfo {
+        id: "vda".into(),
+        kind: "block".into(),
+        info: json!({"path": "/x"}),
+        counters: [("read_bytes".to_string(), 1)].into(),
+        rate_limit,
+    };
+    let devices = [sample(&dev(Some(limited))), sample(&dev(None))];
+    check_schema(&doc, "Device", &schemas["Device"], &devices, true);
+    check_schema(
+        &doc,
+        "RateLimit",
+        &schemas["RateLimit"],
+        &[sample(&limited)],
+        false,
+    );
+    let balloon = |age| BalloonInfo {
+        target_mib: 1,
+        balloon_target_mib: 2,
+        balloon_actual_mib: 3,
+        actual_mib: 4,
+        reported_bytes: 5,
+        statistics: [("free_memory".to_string(), 6)].into(),
+        statistics_age_s: age,
+    };
+    let balloons = [sample(&balloon(Some(0.5))), sample(&balloon(None))];
+    check_schema(&doc, "Balloon", &schemas["Balloon"], &balloons, true);
+    let error = ErrorBody { error: "x".into() };
+    check_schema(&doc, "Error", &schemas["Error"], &[sample(&error)], true);
+    // Bodies written inline in the paths.
+    let op = |m: &str, p: &str| doc["paths"][p][m].clone();
+    let request =
+        |m: &str, p: &str| op(m, p)["requestBody"]["content"]["application/json"]["schema"].clone();
+    let answer = |m: &str, p: &str, code: &str| {
+        op(m, p)["responses"][code]["content"]["application/json"]["schema"].clone()
+    };
+    let plug = PlugRequest {
+        disk: Some("/x".into()),
+        net: Some("tap=t".into()),
+    };
+    check_schema(
+        &doc,
+        "PlugRequest",
+        &request("post", "/v1/devices"),
+        &[sample(&plug)],
+        false,
+    );
+    let update = RateLimitUpdate {
+        bandwidth: Some(Some(1)),
+        iops: Some(None),
+    };
+    let path = "/v1/devices/{id}/rate-limit";
+    check_schema(
+        &doc,
+        "RateLimitUpdate",
+        &request("put", path),
+        &[sample(&update)],
+        false,
+    );
+    let target = BalloonTarget { target_mib: 1 };
+    check_schema(
+        &doc,
+        "BalloonTarget",
+        &request("put", "/v1/balloon"),
+        &[sample(&target)],
+        true,
+    );
+    let pressed = Pressed {
+        pressed: "power-button".into(),
+    };
+    let schema = answer("put", "/v1/domain/power-button", "202");
+    check_schema(&doc, "Pressed", &schema, &[sample(&pressed)], false);
+    let gone = Unplugging {
+        unplugging: "vdb".into(),
+        slot: 4,
+    };
+    let schema = answer("delete", "/v1/devices/{id}", "202");
+    check_schema(&doc, "Unplugging", &schema, &[sample(&gone)], false);
+}
