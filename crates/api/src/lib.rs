@@ -38,3 +38,11 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     }
     serde_json::from_value(v).map_err(|e| format!("bad request body: {e}"))
 }
+
+/// A server's request body of type `T`, or the 400 answer naming what is
+/// wrong with it.
+pub fn request_body<T: DeserializeOwned>(
+    req: &domus_http::Request,
+) -> Result<T, domus_http::Response> {
+    parse_body(&req.body).map_err(|e| domus_http::Response::error(400, &e))
+}

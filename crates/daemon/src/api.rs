@@ -5,6 +5,7 @@ use domus_api::daemon::{
     AttachRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest, PinRequest,
     RenameRequest, SchedRequest,
 };
+use domus_api::request_body;
 use domus_http::{Request, Response};
 use serde_json::{json, Value};
 
@@ -47,18 +48,13 @@ fn err(e: &Error) -> Response {
     Response::error(e.status(), &e.to_string())
 }
 
-/// A request body of type `T`, or the 400 that names what is wrong with it.
-fn body<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
-    domus_api::parse_body(&req.body).map_err(|e| Response::error(400, &e))
-}
-
 /// Finds the route for `method` and `path` in [`ROUTES`].
 pub fn route<'a>(method: &str, path: &'a str) -> Result<(usize, Option<&'a str>), Response> {
     domus_http::route(ROUTES, method, path)
 }
 
 fn create(d: &Daemon, req: &Request) -> Result<Response, Response> {
-    let c: CreateRequest = body(req)?;
+    let c: CreateRequest = request_body(req)?;
     let file = c.file.as_deref().unwrap_or("config");
     let dir = c.dir.as_deref().unwrap_or("/");
     let overrides = c.overrides.unwrap_or_default();
@@ -118,11 +114,11 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|r| Response::json(202, d.describe(&r).to_string()))
                 .map_err(|e| err(&e))
         }
-        (_, "/v1/domains/{dom}/maxmem") => body::<MaxmemRequest>(req)
+        (_, "/v1/domains/{dom}/maxmem") => request_body::<MaxmemRequest>(req)
             .and_then(|m| d.mem_max(dom, m.maxmem_mib).map(ok).map_err(|e| err(&e))),
-        (_, "/v1/domains/{dom}/memory") => body::<MemoryRequest>(req)
+        (_, "/v1/domains/{dom}/memory") => request_body::<MemoryRequest>(req)
             .and_then(|m| d.mem_set(dom, m.target_mib).map(ok).map_err(|e| err(&e))),
-        (_, "/v1/domains/{dom}/name") => body::<RenameRequest>(req).and_then(|m| {
+        (_, "/v1/domains/{dom}/name") => request_body::<RenameRequest>(req).and_then(|m| {
             d.rename(dom, &m.name)
                 .and_then(|()| d.find(&m.name))
                 .map(|r| ok(d.describe(&r)))
@@ -133,7 +129,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .map(|list| ok(serde_json::to_value(list).unwrap_or(Value::Null)))
             .map_err(|e| err(&e)),
         (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
-            body::<AttachRequest>(req).and_then(|m| {
+            request_body::<AttachRequest>(req).and_then(|m| {
                 let spec = match m.spec.as_deref() {
                     Some(s) => s,
                     None if verb.ends_with("network-attach") => "",
@@ -151,7 +147,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             })
         }
         (_, verb @ ("/v1/domains/{dom}/block-detach" | "/v1/domains/{dom}/network-detach")) => {
-            body::<DetachRequest>(req).and_then(|m| {
+            request_body::<DetachRequest>(req).and_then(|m| {
                 let id = m.id.to_string();
                 let r = if verb.ends_with("block-detach") {
                     d.block_detach(dom, &id)
@@ -166,7 +162,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .vcpus(dom)
             .map(|v| ok(Value::Array(v)))
             .map_err(|e| err(&e)),
-        (_, "/v1/domains/{dom}/vcpu-pin") => body::<PinRequest>(req).and_then(|m| {
+        (_, "/v1/domains/{dom}/vcpu-pin") => request_body::<PinRequest>(req).and_then(|m| {
             let vcpu = m.vcpu().map_err(|e| Response::error(400, &e))?;
             d.pin(dom, vcpu, &m.cpus)
                 .and_then(|()| d.vcpus(dom))
@@ -174,7 +170,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map_err(|e| err(&e))
         }),
         ("GET", "/v1/domains/{dom}/sched") => d.sched(dom, None, None).map(ok).map_err(|e| err(&e)),
-        ("PUT", "/v1/domains/{dom}/sched") => body::<SchedRequest>(req)
+        ("PUT", "/v1/domains/{dom}/sched") => request_body::<SchedRequest>(req)
             .and_then(|m| d.sched(dom, m.weight, m.cap).map(ok).map_err(|e| err(&e))),
         (_, "/metrics") => d
             .metrics()

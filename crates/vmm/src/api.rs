@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use domus_devices::bus::lock;
 
+use domus_api::request_body;
 use domus_api::vmm::{
     BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, PlugRequest, Pressed,
     RateLimit, RateLimitUpdate, Unplugging,
@@ -73,11 +74,6 @@ fn json<T: Serialize>(status: u16, v: &T) -> Response {
 
 fn ok<T: Serialize>(v: &T) -> Response {
     json(200, v)
-}
-
-/// A request body of type `T`, or the 400 that names what is wrong with it.
-fn body<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
-    domus_api::parse_body(&req.body).map_err(|e| Response::error(400, &e))
 }
 
 /// Finds the route for `method` and `path` in [`ROUTES`].
@@ -175,7 +171,7 @@ impl Domain {
     /// `{"net": "tap=NAME[,mac=][,bw=][,pps=]"}`, as `domus run` takes them.
     fn plug(&self, req: &Request) -> Result<Response, Response> {
         let hp = self.hotplug()?;
-        let what = match body::<PlugRequest>(req)? {
+        let what = match request_body::<PlugRequest>(req)? {
             PlugRequest {
                 disk: Some(d),
                 net: None,
@@ -224,7 +220,7 @@ impl Domain {
                 &format!("device '{id}' has no rate limiter"),
             ));
         };
-        let update: RateLimitUpdate = body(req)?;
+        let update: RateLimitUpdate = request_body(req)?;
         let mut limits = l.limits();
         if let Some(bw) = update.bandwidth {
             limits.bytes_per_sec = bw.filter(|v| *v > 0);
@@ -244,7 +240,7 @@ impl Domain {
 
     fn set_balloon(&self, req: &Request) -> Result<Response, Response> {
         let b = self.balloon()?;
-        let target = body::<BalloonTarget>(req)?.target_mib;
+        let target = request_body::<BalloonTarget>(req)?.target_mib;
         let mem_mib = self.memory >> 20;
         if target > mem_mib {
             return Err(Response::error(
