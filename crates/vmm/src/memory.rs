@@ -79,7 +79,10 @@ pub fn prefault(
             size: r.len(),
             ..Default::default()
         };
-        // KVM does part of the range per call and says what is left.
+        // KVM does part of the range per call and says what is left; a
+        // call that made no progress (a signal, a race) is tried again, a
+        // bounded number of times in a row.
+        let mut stalled = 0;
         while range.size > 0 {
             // SAFETY: KVM_PRE_FAULT_MEMORY reads and updates one
             // kvm_pre_fault_memory, which `range` is, on a vCPU fd.
@@ -89,9 +92,11 @@ pub fn prefault(
             if rc < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
-                    Some(libc::EINTR | libc::EAGAIN) => continue,
+                    Some(libc::EINTR | libc::EAGAIN) if stalled < 1000 => stalled += 1,
                     _ => return Err(MemoryError::PreFault(range.gpa, e)),
                 }
+            } else {
+                stalled = 0;
             }
         }
     }
