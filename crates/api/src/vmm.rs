@@ -14,6 +14,16 @@ pub enum DomainState {
     Paused,
 }
 
+impl DomainState {
+    /// The name the API writes (`running`, `paused`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DomainState::Running => "running",
+            DomainState::Paused => "paused",
+        }
+    }
+}
+
 /// `GET /v1/domain`, and the answer to pause and resume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +193,9 @@ mod tests {
         };
         let text = serde_json::to_string(&d).unwrap();
         assert!(text.contains(r#""state":"paused""#), "{text}");
+        for s in [DomainState::Running, DomainState::Paused] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
         assert_eq!(parse_body::<DomainInfo>(text.as_bytes()).unwrap(), d);
         let dev = DeviceInfo {
             id: "vda".into(),

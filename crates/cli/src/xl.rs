@@ -127,12 +127,12 @@ fn raw(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<(u16
     }
 }
 
-/// One request to the daemon; Err is the message to print.
 /// A request body, as the daemon's API types define it.
 fn to_body<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
+/// One request to the daemon; Err is the message to print.
 fn call(sock: &Path, method: &str, path: &str, body: Option<&str>) -> Result<Value, String> {
     let (status, text) = raw(sock, method, path, body)?;
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);

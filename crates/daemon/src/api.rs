@@ -9,7 +9,7 @@ use domus_api::request_body;
 use domus_http::{Request, Response};
 use serde_json::{json, Value};
 
-use crate::{Daemon, Error, Request as Stop};
+use crate::{to_json, Daemon, Error, Request as Stop};
 
 pub const OPENAPI: &str = include_str!("../../../api/daemon.openapi.json");
 
@@ -126,7 +126,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
         }),
         (_, "/v1/domains/{dom}/devices") => d
             .devices(dom)
-            .map(|list| ok(serde_json::to_value(list).unwrap_or(Value::Null)))
+            .map(|list| ok(to_json(&list)))
             .map_err(|e| err(&e)),
         (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
             request_body::<AttachRequest>(req).and_then(|m| {

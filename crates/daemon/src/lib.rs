@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use domus_api::client::{ClientError, VmmClient};
-use domus_api::vmm::{DeviceInfo, DomainState, PlugRequest};
+use domus_api::vmm::{DeviceInfo, PlugRequest};
 use domus_xlcfg::{Action, DomainConfig};
 use serde_json::{json, Value};
 
@@ -82,7 +82,7 @@ impl Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// A typed answer as JSON, for the daemon's own (still untyped) answers.
-fn to_json<T: serde::Serialize>(v: &T) -> Value {
+pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
@@ -750,38 +750,37 @@ impl Daemon {
         domain_dir(&self.state, r.id).join("api.sock")
     }
 
-    /// A running domain and a typed client of its own API.
-    fn vmm(&self, dom: &str) -> Result<(db::Row, VmmClient)> {
-        let r = self.find(dom)?;
+    /// A typed client of domain `r`'s own API, if it is running.
+    fn vmm(&self, r: &db::Row) -> Result<VmmClient> {
         if r.state != "running" {
             return Err(Error::WrongState {
-                name: r.name,
-                state: r.state,
+                name: r.name.clone(),
+                state: r.state.clone(),
             });
         }
-        let api = VmmClient::new(self.api_sock(&r));
-        Ok((r, api))
+        Ok(VmmClient::new(self.api_sock(r)))
     }
 
     /// Pauses (or, with `false`, resumes) a running domain's vCPUs.
     pub fn pause(&self, dom: &str, paused: bool) -> Result<()> {
-        let (r, api) = self.vmm(dom)?;
+        let r = self.find(dom)?;
+        let api = self.vmm(&r)?;
         let done = if paused { api.pause() } else { api.resume() };
         done.map(drop).map_err(vmm_error(&r))
     }
 
     /// A running domain's devices, as its VMM shows them.
     pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>> {
-        let (r, api) = self.vmm(dom)?;
-        api.devices().map_err(vmm_error(&r))
+        let r = self.find(dom)?;
+        self.vmm(&r)?.devices().map_err(vmm_error(&r))
     }
 
     /// Asks the guest to power off or reboot: presses its ACPI power
     /// button and remembers the request. The domain's on_poweroff or
     /// on_reboot action applies once the guest has stopped.
     pub fn shutdown(&self, dom: &str, what: Request) -> Result<()> {
-        let (r, api) = self.vmm(dom)?;
-        api.power_button().map_err(vmm_error(&r))?;
+        let r = self.find(dom)?;
+        self.vmm(&r)?.power_button().map_err(vmm_error(&r))?;
         if let Some(l) = lock(&self.live).get_mut(&r.id) {
             l.requested = Some(what);
         }
@@ -805,8 +804,7 @@ impl Daemon {
         if mib > r.memory_mib as u64 {
             self.admit(mib, Some(r.id))?;
         }
-        let (_, api) = self.vmm(dom)?;
-        let b = api.set_balloon(mib).map_err(vmm_error(&r))?;
+        let b = self.vmm(&r)?.set_balloon(mib).map_err(vmm_error(&r))?;
         lock(&self.db).set_memory(r.id, mib as i64)?;
         Ok(to_json(&b))
     }
@@ -831,10 +829,7 @@ impl Daemon {
             )));
         }
         let ram = match r.state.as_str() {
-            "running" => {
-                let (_, api) = self.vmm(dom)?;
-                Some(api.domain().map_err(vmm_error(&r))?.memory_mib)
-            }
+            "running" => Some(self.vmm(&r)?.domain().map_err(vmm_error(&r))?.memory_mib),
             _ => None,
         };
         c.maxmem_mib = mib;
@@ -880,8 +875,8 @@ impl Daemon {
             disk.path.display(),
             if disk.read_only { ",ro" } else { "" }
         );
-        let (_, api) = self.vmm(dom)?;
-        let dev = api
+        let dev = self
+            .vmm(&r)?
             .plug(&PlugRequest {
                 disk: Some(vmm_spec),
                 net: None,
@@ -897,17 +892,16 @@ impl Daemon {
         Ok(to_json(&dev))
     }
 
-    /// A device of a running domain, by its API id (vda, net0, ...), and
-    /// a client of the domain's API.
-    fn device(&self, dom: &str, id: &str, kind: &str) -> Result<(DeviceInfo, VmmClient)> {
-        let (r, api) = self.vmm(dom)?;
-        let d = api.device(id).map_err(vmm_error(&r))?;
+    /// A device of domain `r`, by its API id (vda, net0, ...), which must
+    /// be of `kind`.
+    fn device(r: &db::Row, api: &VmmClient, id: &str, kind: &str) -> Result<DeviceInfo> {
+        let d = api.device(id).map_err(vmm_error(r))?;
         if d.kind != kind {
             return Err(Error::Invalid(format!(
                 "device {id} is not a {kind} device"
             )));
         }
-        Ok((d, api))
+        Ok(d)
     }
 
     /// A string fact of a device (its `info`): a disk's path, an
@@ -925,7 +919,8 @@ impl Daemon {
     /// disk leaves when the guest has released it.
     pub fn block_detach(&self, dom: &str, id: &str) -> Result<Value> {
         let r = self.find(dom)?;
-        let (d, api) = self.device(dom, id, "block")?;
+        let api = self.vmm(&r)?;
+        let d = Self::device(&r, &api, id, "block")?;
         let path = Self::fact(&d, "path");
         let v = to_json(&api.unplug(id).map_err(vmm_error(&r))?);
         let c = self.load(&r)?;
@@ -1002,12 +997,12 @@ impl Daemon {
             if let Some(rate) = vif.rate {
                 net.push_str(&format!(",bw={rate}"));
             }
-            let (_, api) = self.vmm(dom)?;
-            api.plug(&PlugRequest {
-                disk: None,
-                net: Some(net),
-            })
-            .map_err(vmm_error(&r))
+            self.vmm(&r)?
+                .plug(&PlugRequest {
+                    disk: None,
+                    net: Some(net),
+                })
+                .map_err(vmm_error(&r))
         })();
         let dev = match made {
             Ok(d) => d,
@@ -1029,8 +1024,10 @@ impl Daemon {
     /// domain's configuration.
     pub fn network_detach(&self, dom: &str, which: &str) -> Result<Value> {
         let r = self.find(dom)?;
+        let api = self.vmm(&r)?;
         let id = if which.contains(':') {
-            self.devices(dom)?
+            api.devices()
+                .map_err(vmm_error(&r))?
                 .into_iter()
                 .find(|d| d.kind == "net" && Self::fact(d, "mac") == which.to_lowercase())
                 .map(|d| d.id)
@@ -1038,7 +1035,7 @@ impl Daemon {
         } else {
             format!("net{which}")
         };
-        let (d, api) = self.device(dom, &id, "net")?;
+        let d = Self::device(&r, &api, &id, "net")?;
         let mac = Self::fact(&d, "mac");
         let tap = Self::fact(&d, "tap");
         let v = to_json(&api.unplug(&id).map_err(vmm_error(&r))?);
@@ -1277,11 +1274,7 @@ impl Daemon {
             // A VMM that does not answer quickly shows its stored state.
             let api = VmmClient::new(self.api_sock(r)).with_timeout(Duration::from_secs(2));
             if let Ok(info) = api.domain() {
-                state = match info.state {
-                    DomainState::Running => "running",
-                    DomainState::Paused => "paused",
-                }
-                .to_string();
+                state = info.state.as_str().to_string();
                 vcpu_tids = info.vcpu_tids;
             }
             if let Some(pid) = r.pid {
