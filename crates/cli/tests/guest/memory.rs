@@ -2,12 +2,9 @@
 
 use crate::*;
 
+/// The VMM's resident memory in KiB; the VMM must still be running.
 fn vm_rss_kib(pid: u64) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    domus_daemon::rss_bytes(pid as i64).expect("the VMM's VmRSS") >> 10
 }
 
 /// `--prefault` commits all guest memory before the guest runs (a 256 MiB

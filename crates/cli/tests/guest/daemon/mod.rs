@@ -165,13 +165,7 @@ fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) 
     false
 }
 
-/// The VMM's resident memory (VmRSS) in MiB.
+/// The VMM's resident memory (VmRSS) in MiB; 0 once it is gone.
 fn rss_mib(pid: u64) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0)
-        >> 10
+    domus_daemon::rss_bytes(pid as i64).unwrap_or(0) >> 20
 }
