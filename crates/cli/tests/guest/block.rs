@@ -82,13 +82,8 @@ fn read_only_disk_refuses_writes_and_stays_unchanged() {
     let r = TestVm::new(cmd).disk(format!("{},ro", img.display())).run();
     assert_clean_poweroff(&r);
     assert_eq!(value(&r, "ro"), 1);
-    assert_ne!(value(&r, "plain"), 0, "{}", r.stdout);
-    assert_ne!(
-        value(&r, "direct"),
-        0,
-        "the device accepted a write: {}",
-        r.stdout
-    );
+    assert_ne!(value(&r, "plain"), 0, "{r}");
+    assert_ne!(value(&r, "direct"), 0, "the device accepted a write: {r}");
     assert_eq!(word(&r, "head"), "012");
     assert_eq!(md5(&img, 4 << 20), before);
     let _ = std::fs::remove_dir_all(dir);
@@ -108,7 +103,7 @@ fn kit_rootfs_boots_as_root_on_vda() {
         .params("root=/dev/vda")
         .run();
     assert_clean_poweroff(&r);
-    assert!(r.stdout.contains("domus-init: on /dev/vda"), "{}", r.stdout);
+    assert!(r.stdout.contains("domus-init: on /dev/vda"), "{r}");
     assert_eq!(word(&r, "rootdev"), "/dev/vda");
     // The file is in the image: debugfs reads it back on the host.
     let out = Command::new("debugfs")

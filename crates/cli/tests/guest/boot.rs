@@ -76,15 +76,15 @@ fn poweroff_exits_0_within_a_second() {
 #[test]
 fn reboot_exits_3() {
     let r = TestVm::new("echo rebooting; reboot -f").run();
-    assert!(r.stdout.contains("rebooting"), "{}", r.stdout);
-    assert_eq!(r.code, 3, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("rebooting"), "{r}");
+    assert_eq!(r.code, 3, "{r}");
 }
 
 #[test]
 fn panic_exits_4() {
     let r = TestVm::new("echo c > /proc/sysrq-trigger").run();
-    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
-    assert!(r.stdout.contains("Kernel panic"), "{}", r.stdout);
+    assert_eq!(r.code, 4, "{r}");
+    assert!(r.stdout.contains("Kernel panic"), "{r}");
     assert!(r.stderr.contains("guest crashed"), "{}", r.stderr);
 }
 
@@ -103,18 +103,14 @@ fn two_domains_side_by_side() {
 #[test]
 fn guest_exit_status_is_reported() {
     let r = TestVm::new("exit 7").run();
-    assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
-    assert!(
-        r.stdout.contains("domus-init: exit status 7"),
-        "{}",
-        r.stdout
-    );
+    assert_eq!(r.code, 0, "{r}");
+    assert!(r.stdout.contains("domus-init: exit status 7"), "{r}");
 }
 
 #[test]
 fn kvm_paravirtual_features_are_exposed() {
     let r = TestVm::new("dmesg | grep -c -e kvm-clock -e 'PV spinlocks' | sed s/^/pvlines=/; echo clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)").vcpus(2).run();
     assert_clean_poweroff(&r);
-    assert!(r.stdout.contains("clocksource=kvm-clock"), "{}", r.stdout);
-    assert!(value(&r, "pvlines") >= 2, "{}", r.stdout);
+    assert!(r.stdout.contains("clocksource=kvm-clock"), "{r}");
+    assert!(value(&r, "pvlines") >= 2, "{r}");
 }

@@ -114,7 +114,7 @@ fn api_pauses_resumes_counts_and_changes_limits() {
         _ => {}
     });
     assert_clean_poweroff(&r);
-    assert_eq!(checked, ["pause", "devices"], "{}", r.stdout);
+    assert_eq!(checked, ["pause", "devices"], "{r}");
     assert!(!sock.exists(), "the API socket outlived the domain");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -60,6 +60,19 @@ struct Run {
     tail: Duration,
 }
 
+/// A finished run as a failure message shows it: the exit status, then the
+/// console, then the VMM's stderr, each of whose lines keeps its start (so
+/// tools/test can find the VMM's triple-fault line or a stall report there).
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit status {}\nstdout:\n{}\nstderr:\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
 /// A domain for a test: `domus run` on the kit's bzImage and initramfs,
 /// whose init runs `command` (a shell command line, base64 on the kernel
 /// command line) and then powers off. One vCPU and 256 MiB unless the test
@@ -237,26 +250,13 @@ fn value(run: &Run, key: &str) -> u64 {
         .lines()
         .find_map(|l| l.trim().strip_prefix(&prefix))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no {key}= in guest output:\n{}\nstderr:\n{}",
-                run.stdout, run.stderr
-            )
-        })
+        .unwrap_or_else(|| panic!("no {key}= in the guest's output: {run}"))
 }
 
 #[track_caller]
 fn assert_clean_poweroff(run: &Run) {
-    assert_eq!(
-        run.code, 0,
-        "exit status; stdout:\n{}\nstderr:\n{}",
-        run.stdout, run.stderr
-    );
-    assert!(
-        run.stdout.contains("domus-init: exit status 0"),
-        "{}",
-        run.stdout
-    );
+    assert_eq!(run.code, 0, "{run}");
+    assert!(run.stdout.contains("domus-init: exit status 0"), "{run}");
 }
 
 /// A scratch directory for one test, on the host's (or nested host's) /tmp.
@@ -281,12 +281,7 @@ fn word(run: &Run, key: &str) -> String {
     run.stdout
         .lines()
         .find_map(|l| l.trim().strip_prefix(&prefix).map(str::to_string))
-        .unwrap_or_else(|| {
-            panic!(
-                "no {key}= in guest output:\n{}\nstderr:\n{}",
-                run.stdout, run.stderr
-            )
-        })
+        .unwrap_or_else(|| panic!("no {key}= in the guest's output: {run}"))
 }
 
 fn api(

@@ -93,7 +93,7 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
         _ => {}
     });
     assert_clean_poweroff(&r);
-    assert!(filled_rss > 0, "{}", r.stdout);
+    assert!(filled_rss > 0, "{r}");
     let dropped = filled_rss.saturating_sub(lowest_rss) >> 10;
     assert!(
         dropped >= 150,
@@ -104,6 +104,6 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
     let b = inflated.expect("the balloon did not reach 128 MiB in 20 s");
     assert_eq!(b["actual_mib"], 384, "{b}");
     // The guest's memory shrank by the balloon (no deflate-on-OOM).
-    assert!(value(&r, "memtotal") < 400 << 10, "{}", r.stdout);
+    assert!(value(&r, "memtotal") < 400 << 10, "{r}");
     let _ = std::fs::remove_dir_all(dir);
 }

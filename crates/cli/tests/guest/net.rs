@@ -28,6 +28,36 @@ fn helper_disk(dir: &std::path::Path) -> (String, String) {
     )
 }
 
+/// The helper receiving on the host's side; killed if the test fails before
+/// it has been waited for (a guest that never connects leaves it waiting).
+struct HostRecv(Option<std::process::Child>);
+
+impl HostRecv {
+    fn new(proto: &str, port: u16) -> Self {
+        let child = Command::new(guest_helper())
+            .args(["recv", proto, &port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        HostRecv(Some(child))
+    }
+
+    /// What the helper printed, once it has received.
+    fn output(mut self) -> String {
+        let child = self.0.take().expect("waited for once");
+        String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
+    }
+}
+
+impl Drop for HostRecv {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Guest shell that waits (up to about a minute) until `ip` answers a ping.
 fn until_reachable(ip: &str) -> String {
     format!("for i in $(seq 60); do ping -c 1 -W 1 {ip} >/dev/null && break; done; ")
@@ -45,11 +75,7 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     );
     let _bridge = Bridge::new(&br, "10.77.0.1/24", &[&ta, &tb]);
     // The host end of guest-to-host: the helper itself, on the bridge.
-    let host_recv = Command::new(guest_helper())
-        .args(["recv", "tcp", "5001"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let host_recv = HostRecv::new("tcp", 5001);
     let up = "ip link set lo up; ip link set eth0 up; ip addr add ADDR/24 dev eth0; ";
     // Each guest waits until it reaches the other (they boot side by side
     // and either may be first) before it counts pings or sends.
@@ -73,15 +99,14 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     let a = std::thread::spawn(move || a.run());
     let b = std::thread::spawn(move || b.run());
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
-    let host = host_recv.wait_with_output().unwrap();
-    let host_out = String::from_utf8_lossy(&host.stdout).to_string();
     assert_clean_poweroff(&a);
     assert_clean_poweroff(&b);
-    assert_eq!(value(&a, "pings"), 3, "{}", a.stdout);
+    let host_out = host_recv.output();
+    assert_eq!(value(&a, "pings"), 3, "{a}");
     let sent = all_words(&b, "sent_hash");
     let sent_bytes = all_words(&b, "sent_bytes");
-    assert_eq!(sent_bytes, ["104857600", "10485760"], "{}", b.stdout);
-    assert_eq!(all_words(&a, "recv_bytes"), ["104857600"], "{}", a.stdout);
+    assert_eq!(sent_bytes, ["104857600", "10485760"], "{b}");
+    assert_eq!(all_words(&a, "recv_bytes"), ["104857600"], "{a}");
     assert_eq!(
         all_words(&a, "recv_hash"),
         [sent[0].clone()],
@@ -90,8 +115,7 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     assert!(
         host_out.contains(&format!("recv_hash={}", sent[1]))
             && host_out.contains("recv_bytes=10485760"),
-        "guest to host: {host_out} vs {}",
-        b.stdout
+        "guest to host: {host_out} vs {b}"
     );
     assert_eq!(word(&b, "mac"), "52:54:00:12:34:56");
     let _ = std::fs::remove_dir_all(dir);
@@ -104,11 +128,7 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
     let cid = 3 + std::process::id() % 100_000;
     // Host to guest: the guest echoes on port 5000 and the host pings it
     // once it listens. Guest to host: the host listens on port 5001.
-    let host_recv = Command::new(guest_helper())
-        .args(["recv", "vsock", "5001"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let host_recv = HostRecv::new("vsock", 5001);
     let cmd = format!("{fetch}/h echo vsock 5000 > /tmp/e & sleep 1; echo phase=listening; wait; cat /tmp/e; /h send vsock 2 5001 10");
     let vm = TestVm::new(&cmd)
         .disk(&helper)
@@ -126,9 +146,8 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
             );
         }
     });
-    let host = host_recv.wait_with_output().unwrap();
-    let host_out = String::from_utf8_lossy(&host.stdout).to_string();
     assert_clean_poweroff(&r);
+    let host_out = host_recv.output();
     let ping = ping.expect("the guest never listened");
     let field = |s: &str, k: &str| {
         s.split_whitespace()
@@ -150,8 +169,7 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
     assert_eq!(
         field(&host_out, "recv_bytes"),
         "10485760",
-        "{host_out}\n{}",
-        r.stdout
+        "{host_out}\n{r}"
     );
     assert_eq!(
         field(&host_out, "recv_hash"),
@@ -170,11 +188,7 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
     let tag = std::process::id() % 100_000;
     let (br, tap) = (format!("drb{tag}"), format!("drt{tag}"));
     let _bridge = Bridge::new(&br, "10.79.0.1/24", &[&tap]);
-    let host_recv = Command::new(guest_helper())
-        .args(["recv", "tcp", "5002"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let host_recv = HostRecv::new("tcp", 5002);
     // 16 MiB at 4 MiB/s is 4 s.
     let cmd = format!(
         "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; {}/h send tcp 10.79.0.1 5002 16; echo phase=sent",
@@ -191,9 +205,10 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
             counters = Some(api(&sock, "GET", "/v1/devices/net0", None).1["counters"].clone());
         }
     });
+    assert_clean_poweroff(&r);
     // The interface counted the transfer, the limiter's waits, and the
     // notifications both ways.
-    let c = counters.unwrap_or_else(|| panic!("the guest never sent\n{}", r.stdout));
+    let c = counters.unwrap_or_else(|| panic!("the guest never sent: {r}"));
     let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
     assert!(n("tx_bytes") >= 16 << 20, "{c}");
     assert!(n("tx_packets") > 0 && n("rx_packets") > 0, "{c}");
@@ -203,14 +218,12 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
         "{c}"
     );
     assert_eq!(n("tx_dropped"), 0, "{c}");
-    let host = host_recv.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&host.stdout).to_string();
-    assert_clean_poweroff(&r);
+    let out = host_recv.output();
     let mbs: f64 = out
         .split_whitespace()
         .find_map(|w| w.strip_prefix("recv_mbs="))
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no rate in {out}\n{}", r.stdout));
+        .unwrap_or_else(|| panic!("no rate in {out}\n{r}"));
     let limit = 4.0 * 1048576.0 / 1e6;
     assert!(
         (mbs / limit - 1.0).abs() <= 0.10,
