@@ -1,6 +1,7 @@
-//! A typed client of the per-domain VMM API, over domus-http's Unix-socket
-//! client: each route is one method that sends a typed body and decodes a
-//! typed answer.
+//! Typed clients of Domus's two APIs, over domus-http: [`VmmClient`] for
+//! a VMM's own API (its Unix socket) and [`DaemonClient`] for the daemon's
+//! (its Unix socket, or TCP with a bearer token). Each route is one method
+//! that sends a typed body and decodes a typed answer.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,18 +9,23 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::daemon::{
+    AttachRequest, ConsoleChunk, CreateRequest, Created, DetachRequest, Domain, Info, LogLine,
+    Maxmem, MaxmemRequest, MemoryRequest, NameOrNumber, PinRequest, RenameRequest, Sched,
+    SchedRequest, Vcpu,
+};
 use crate::vmm::{
     BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, PlugRequest, Pressed, RateLimitUpdate,
-    Unplugging,
+    Unplugging, VcpuAffinity, VcpuPin,
 };
 use crate::ErrorBody;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The socket could not be reached or the exchange failed.
-    #[error("the API at {socket}: {source}")]
+    /// The API could not be reached or the exchange failed.
+    #[error("the API at {at}: {source}")]
     Transport {
-        socket: String,
+        at: String,
         #[source]
         source: domus_http::HttpError,
     },
@@ -45,94 +51,138 @@ impl ClientError {
     }
 }
 
-/// The API of one VMM, at its Unix socket.
+/// Where an API is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Unix socket.
+    Unix(PathBuf),
+    /// TCP at host:port, each request carrying the bearer token.
+    Tcp { addr: String, token: String },
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "{}", p.display()),
+            Endpoint::Tcp { addr, .. } => write!(f, "tcp {addr}"),
+        }
+    }
+}
+
+/// One endpoint and how long to wait for each answer: what both clients
+/// send their requests through.
 #[derive(Clone, Debug)]
-pub struct VmmClient {
-    socket: PathBuf,
+struct Conn {
+    at: Endpoint,
     timeout: Duration,
 }
 
-impl VmmClient {
-    /// A client that waits up to 30 s for each answer.
-    pub fn new(socket: impl AsRef<Path>) -> Self {
-        Self {
-            socket: socket.as_ref().to_path_buf(),
-            timeout: Duration::from_secs(30),
-        }
-    }
-
-    /// The same client, waiting at most `timeout` for each answer.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    fn call<B: Serialize, T: DeserializeOwned>(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&B>,
-    ) -> Result<T, ClientError> {
-        let body =
-            body.map(serde_json::to_string)
-                .transpose()
-                .map_err(|e| ClientError::Decode {
-                    method: method.into(),
-                    path: path.into(),
-                    reason: e.to_string(),
-                })?;
-        let (status, text) =
-            domus_http::request_within(&self.socket, method, path, body.as_deref(), self.timeout)
-                .map_err(|source| ClientError::Transport {
-                socket: self.socket.display().to_string(),
-                source,
-            })?;
+impl Conn {
+    /// Sends one request; the answer's text, or the server's error.
+    fn text(&self, method: &str, path: &str, body: Option<&str>) -> Result<String, ClientError> {
+        let answer = match &self.at {
+            Endpoint::Unix(sock) => {
+                domus_http::request_within(sock, method, path, body, self.timeout)
+            }
+            Endpoint::Tcp { addr, token } => {
+                domus_http::tcp_request(addr, token, method, path, body, self.timeout)
+            }
+        };
+        let (status, text) = answer.map_err(|source| ClientError::Transport {
+            at: self.at.to_string(),
+            source,
+        })?;
         if status >= 400 {
             let message = serde_json::from_str::<ErrorBody>(&text)
                 .map(|e| e.error)
                 .unwrap_or(text);
             return Err(ClientError::Api { status, message });
         }
-        serde_json::from_str(&text).map_err(|e| ClientError::Decode {
+        Ok(text)
+    }
+
+    /// Sends `body` (if any) as JSON and decodes the answer as `T`.
+    fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let decode = |reason: String| ClientError::Decode {
             method: method.into(),
             path: path.into(),
-            reason: e.to_string(),
-        })
+            reason,
+        };
+        let body = body
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| decode(e.to_string()))?;
+        let text = self.text(method, path, body.as_deref())?;
+        serde_json::from_str(&text).map_err(|e| decode(e.to_string()))
+    }
+}
+
+/// The API of one VMM, at its Unix socket.
+#[derive(Clone, Debug)]
+pub struct VmmClient {
+    conn: Conn,
+}
+
+impl VmmClient {
+    /// A client that waits up to 30 s for each answer.
+    pub fn new(socket: impl AsRef<Path>) -> Self {
+        Self {
+            conn: Conn {
+                at: Endpoint::Unix(socket.as_ref().to_path_buf()),
+                timeout: Duration::from_secs(30),
+            },
+        }
+    }
+
+    /// The same client, waiting at most `timeout` for each answer.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.conn.timeout = timeout;
+        self
     }
 
     pub fn domain(&self) -> Result<DomainInfo, ClientError> {
-        self.call::<(), _>("GET", "/v1/domain", None)
+        self.conn.call::<(), _>("GET", "/v1/domain", None)
     }
 
     pub fn pause(&self) -> Result<DomainInfo, ClientError> {
-        self.call::<(), _>("PUT", "/v1/domain/pause", None)
+        self.conn.call::<(), _>("PUT", "/v1/domain/pause", None)
     }
 
     pub fn resume(&self) -> Result<DomainInfo, ClientError> {
-        self.call::<(), _>("PUT", "/v1/domain/resume", None)
+        self.conn.call::<(), _>("PUT", "/v1/domain/resume", None)
+    }
+
+    /// Pins one vCPU or all; the answer is every vCPU's affinity after.
+    pub fn pin_vcpus(&self, pin: &VcpuPin) -> Result<Vec<VcpuAffinity>, ClientError> {
+        self.conn.call("PUT", "/v1/domain/vcpu-pin", Some(pin))
     }
 
     /// Presses the ACPI power button (the guest decides what to do).
     pub fn power_button(&self) -> Result<Pressed, ClientError> {
-        self.call::<(), _>("PUT", "/v1/domain/power-button", None)
+        self.conn.call::<(), _>("PUT", "/v1/domain/power-button", None)
     }
 
     pub fn devices(&self) -> Result<Vec<DeviceInfo>, ClientError> {
-        self.call::<(), _>("GET", "/v1/devices", None)
+        self.conn.call::<(), _>("GET", "/v1/devices", None)
     }
 
     pub fn device(&self, id: &str) -> Result<DeviceInfo, ClientError> {
-        self.call::<(), _>("GET", &format!("/v1/devices/{id}"), None)
+        self.conn.call::<(), _>("GET", &format!("/v1/devices/{id}"), None)
     }
 
     /// Hot-plugs a disk or an interface; the answer names it.
     pub fn plug(&self, what: &PlugRequest) -> Result<DeviceInfo, ClientError> {
-        self.call("POST", "/v1/devices", Some(what))
+        self.conn.call("POST", "/v1/devices", Some(what))
     }
 
     /// Asks the guest to let go of a disk or an interface.
     pub fn unplug(&self, id: &str) -> Result<Unplugging, ClientError> {
-        self.call::<(), _>("DELETE", &format!("/v1/devices/{id}"), None)
+        self.conn.call::<(), _>("DELETE", &format!("/v1/devices/{id}"), None)
     }
 
     pub fn set_rate_limit(
@@ -140,16 +190,197 @@ impl VmmClient {
         id: &str,
         update: &RateLimitUpdate,
     ) -> Result<DeviceInfo, ClientError> {
-        self.call("PUT", &format!("/v1/devices/{id}/rate-limit"), Some(update))
+        self.conn.call("PUT", &format!("/v1/devices/{id}/rate-limit"), Some(update))
     }
 
     pub fn balloon(&self) -> Result<BalloonInfo, ClientError> {
-        self.call::<(), _>("GET", "/v1/balloon", None)
+        self.conn.call::<(), _>("GET", "/v1/balloon", None)
     }
 
     /// Asks the guest to keep `target_mib` of its memory.
     pub fn set_balloon(&self, target_mib: u64) -> Result<BalloonInfo, ClientError> {
-        self.call("PUT", "/v1/balloon", Some(&BalloonTarget { target_mib }))
+        self.conn.call("PUT", "/v1/balloon", Some(&BalloonTarget { target_mib }))
+    }
+}
+
+/// The daemon's API. Domains are named by name or id (`dom`).
+#[derive(Clone, Debug)]
+pub struct DaemonClient {
+    conn: Conn,
+}
+
+impl DaemonClient {
+    /// A client of the daemon at `at` that waits up to 30 s for each answer
+    /// (a create waits for the domain's VMM to start, up to 15 s).
+    pub fn new(at: Endpoint) -> Self {
+        Self {
+            conn: Conn {
+                at,
+                timeout: Duration::from_secs(30),
+            },
+        }
+    }
+
+    /// Where this client sends its requests.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.conn.at
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.conn.call::<(), _>("GET", path, None)
+    }
+
+    fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        self.conn.call("PUT", path, body)
+    }
+
+    pub fn info(&self) -> Result<Info, ClientError> {
+        self.get("/v1/info")
+    }
+
+    /// The daemon's log, oldest line first.
+    pub fn dmesg(&self) -> Result<Vec<LogLine>, ClientError> {
+        self.get("/v1/dmesg")
+    }
+
+    /// Domain-0 (the host) and every domain.
+    pub fn list(&self) -> Result<Vec<Domain>, ClientError> {
+        self.get("/v1/domains")
+    }
+
+    pub fn domain(&self, dom: &str) -> Result<Domain, ClientError> {
+        self.get(&format!("/v1/domains/{dom}"))
+    }
+
+    pub fn create(&self, req: &CreateRequest) -> Result<Created, ClientError> {
+        self.conn.call("POST", "/v1/domains", Some(req))
+    }
+
+    pub fn destroy(&self, dom: &str) -> Result<(), ClientError> {
+        self.conn
+            .text("DELETE", &format!("/v1/domains/{dom}"), None)
+            .map(drop)
+    }
+
+    pub fn pause(&self, dom: &str) -> Result<Domain, ClientError> {
+        self.put::<(), _>(&format!("/v1/domains/{dom}/pause"), None)
+    }
+
+    pub fn unpause(&self, dom: &str) -> Result<Domain, ClientError> {
+        self.put::<(), _>(&format!("/v1/domains/{dom}/unpause"), None)
+    }
+
+    /// Presses the guest's power button; its on_poweroff applies once it
+    /// has stopped.
+    pub fn shutdown(&self, dom: &str) -> Result<Domain, ClientError> {
+        self.put::<(), _>(&format!("/v1/domains/{dom}/shutdown"), None)
+    }
+
+    /// Presses the power button and treats the power-off as a reboot.
+    pub fn reboot(&self, dom: &str) -> Result<Domain, ClientError> {
+        self.put::<(), _>(&format!("/v1/domains/{dom}/reboot"), None)
+    }
+
+    /// mem-set: the memory the guest keeps (its balloon's target).
+    pub fn set_memory(&self, dom: &str, target_mib: u64) -> Result<BalloonInfo, ClientError> {
+        let body = MemoryRequest { target_mib };
+        self.put(&format!("/v1/domains/{dom}/memory"), Some(&body))
+    }
+
+    pub fn set_maxmem(&self, dom: &str, maxmem_mib: u64) -> Result<Maxmem, ClientError> {
+        let body = MaxmemRequest { maxmem_mib };
+        self.put(&format!("/v1/domains/{dom}/maxmem"), Some(&body))
+    }
+
+    pub fn rename(&self, dom: &str, name: &str) -> Result<Domain, ClientError> {
+        let body = RenameRequest { name: name.into() };
+        self.put(&format!("/v1/domains/{dom}/name"), Some(&body))
+    }
+
+    /// A running domain's devices, as its VMM shows them.
+    pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>, ClientError> {
+        self.get(&format!("/v1/domains/{dom}/devices"))
+    }
+
+    /// block-attach (`disk`) or network-attach (`network`): an xl disk or
+    /// vif spec.
+    pub fn attach(
+        &self,
+        dom: &str,
+        kind: Attach,
+        spec: Option<&str>,
+    ) -> Result<DeviceInfo, ClientError> {
+        let body = AttachRequest {
+            spec: spec.map(str::to_string),
+        };
+        let verb = kind.verb();
+        self.put(&format!("/v1/domains/{dom}/{verb}-attach"), Some(&body))
+    }
+
+    /// block-detach (`vdb`) or network-detach (an index or a MAC address).
+    pub fn detach(
+        &self,
+        dom: &str,
+        kind: Attach,
+        id: NameOrNumber,
+    ) -> Result<Unplugging, ClientError> {
+        let verb = kind.verb();
+        let body = DetachRequest { id };
+        self.put(&format!("/v1/domains/{dom}/{verb}-detach"), Some(&body))
+    }
+
+    pub fn vcpus(&self, dom: &str) -> Result<Vec<Vcpu>, ClientError> {
+        self.get(&format!("/v1/domains/{dom}/vcpus"))
+    }
+
+    /// vcpu-pin; the answer is the domain's vCPUs after it.
+    pub fn pin(&self, dom: &str, req: &PinRequest) -> Result<Vec<Vcpu>, ClientError> {
+        self.put(&format!("/v1/domains/{dom}/vcpu-pin"), Some(req))
+    }
+
+    pub fn sched(&self, dom: &str) -> Result<Sched, ClientError> {
+        self.get(&format!("/v1/domains/{dom}/sched"))
+    }
+
+    pub fn set_sched(&self, dom: &str, req: &SchedRequest) -> Result<Sched, ClientError> {
+        self.put(&format!("/v1/domains/{dom}/sched"), Some(req))
+    }
+
+    /// The next piece of a domain's console log (see [`ConsoleChunk`]):
+    /// `file` and `from` as the previous answer's `file` and `next`.
+    pub fn console(
+        &self,
+        dom: &str,
+        file: Option<u64>,
+        from: u64,
+    ) -> Result<ConsoleChunk, ClientError> {
+        let file = file.map(|f| format!("file={f}&")).unwrap_or_default();
+        self.get(&format!("/v1/domains/{dom}/console?{file}from={from}"))
+    }
+
+    /// Accounting in Prometheus' text format.
+    pub fn metrics(&self) -> Result<String, ClientError> {
+        self.conn.text("GET", "/metrics", None)
+    }
+}
+
+/// What block and network attach and detach act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    Block,
+    Network,
+}
+
+impl Attach {
+    fn verb(self) -> &'static str {
+        match self {
+            Attach::Block => "block",
+            Attach::Network => "network",
+        }
     }
 }
 

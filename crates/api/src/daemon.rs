@@ -1,5 +1,5 @@
-//! Request bodies of the daemon's API (`domusd.sock`, or TCP with a token;
-//! routes in `api/daemon.openapi.json`).
+//! Request and response bodies of the daemon's API (`domusd.sock`, or TCP
+//! with a token; routes in `api/daemon.openapi.json`).
 
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +113,188 @@ pub struct SchedRequest {
     pub cap: Option<u32>,
 }
 
+/// Where a domain is in its life, as the daemon's answers name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Being created: its VMM is starting.
+    Creating,
+    Running,
+    Paused,
+    /// Its VMM ended and on_poweroff, on_reboot or on_crash restarts it.
+    Restarting,
+    /// Being destroyed.
+    Destroying,
+    /// Powered off and kept (`preserve`).
+    Shutdown,
+    /// Crashed and kept (`preserve`), or a restart failed.
+    Crashed,
+}
+
+impl State {
+    pub const ALL: [State; 7] = [
+        State::Creating,
+        State::Running,
+        State::Paused,
+        State::Restarting,
+        State::Destroying,
+        State::Shutdown,
+        State::Crashed,
+    ];
+
+    /// The name the API writes (and the daemon's database stores).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Creating => "creating",
+            State::Running => "running",
+            State::Paused => "paused",
+            State::Restarting => "restarting",
+            State::Destroying => "destroying",
+            State::Shutdown => "shutdown",
+            State::Crashed => "crashed",
+        }
+    }
+
+    /// The state named `s`, if it is one.
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A domain as `GET /v1/domains` lists it and `GET /v1/domains/{dom}`
+/// (and the verbs that change it) answer. Domain-0, the host, is listed
+/// first with id 0; the fields that describe a configuration are `null`
+/// for a domain whose configuration no longer loads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Domain {
+    pub id: i64,
+    pub name: String,
+    pub state: State,
+    /// The VMM's process id (the daemon's own for Domain-0).
+    pub pid: Option<i64>,
+    /// The memory the guest keeps (its balloon target).
+    pub memory_mib: u64,
+    pub maxmem_mib: Option<u64>,
+    pub vcpus: Option<u32>,
+    pub cpu_weight: Option<u32>,
+    pub cap: Option<u32>,
+    /// CPU time of the whole VMM process: its vCPU threads (`vcpu_time_s`)
+    /// and the rest, the I/O done for it (`io_time_s`).
+    pub cpu_time_s: f64,
+    pub vcpu_time_s: f64,
+    pub io_time_s: f64,
+    /// Thread ids of the vCPU threads, vCPU 0 first.
+    pub vcpu_tids: Vec<i32>,
+    pub restarts: i64,
+    /// `poweroff` or `reboot`, asked of the guest and not done yet.
+    pub shutdown_requested: Option<String>,
+    pub on_poweroff: Option<String>,
+    pub on_reboot: Option<String>,
+    pub on_crash: Option<String>,
+}
+
+/// The answer to `POST /v1/domains` (201).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Created {
+    pub domain: Domain,
+    /// What the configuration has that Domus ignores or changed.
+    pub warnings: Vec<String>,
+}
+
+/// `GET /v1/info`: the daemon and the host's memory as admission control
+/// counts it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Info {
+    pub version: String,
+    pub state_dir: String,
+    pub host_memory_mib: u64,
+    pub host_reserve_mib: u64,
+    pub domain_memory_mib: u64,
+    pub free_memory_mib: u64,
+    pub cpus: usize,
+    /// Whether domains get cgroups (weights, caps, memory.max).
+    pub cgroups: bool,
+}
+
+/// One line of `GET /v1/dmesg`, the daemon's log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogLine {
+    /// Seconds since the Unix epoch.
+    pub at: f64,
+    pub msg: String,
+}
+
+/// One vCPU of `GET /v1/domains/{dom}/vcpus` (and the answer to vcpu-pin).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vcpu {
+    pub name: String,
+    pub id: i64,
+    pub vcpu: usize,
+    /// Its thread's id.
+    pub tid: i64,
+    /// The host CPU it last ran on.
+    pub cpu: Option<i64>,
+    pub cpu_time_s: Option<f64>,
+    /// The host CPUs it may run on, as `0-3,6`.
+    pub affinity: Option<String>,
+}
+
+/// `GET` and `PUT /v1/domains/{dom}/sched`: the credit scheduler's weight
+/// and cap (percent of one CPU, 0 for none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sched {
+    pub id: i64,
+    pub name: String,
+    pub weight: u32,
+    pub cap: u32,
+}
+
+/// The answer to `PUT /v1/domains/{dom}/maxmem`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Maxmem {
+    pub id: i64,
+    pub name: String,
+    pub maxmem_mib: u64,
+    pub memory_mib: u64,
+    /// The guest's RAM now, for a running domain.
+    pub ram_mib: Option<u64>,
+    /// The new maximum is above the running guest's RAM: it takes effect
+    /// at the domain's next start.
+    pub at_next_start: bool,
+}
+
+/// `GET /v1/domains/{dom}/console?file=F&from=N`: the next piece of a
+/// domain's console log, as `tail -F` reads it. `file` names the log the
+/// client was reading (from the previous answer; left out at first) and
+/// `from` the byte offset in it; when a restart has started a new log, the
+/// rest of the old one comes first, then the new one from its start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleChunk {
+    /// The log this piece is from (its inode number), for the next ask.
+    pub file: u64,
+    /// Where the piece starts in that log.
+    pub from: u64,
+    /// Where the next ask starts (`from` plus the piece's length in bytes).
+    pub next: u64,
+    /// The console's output: at most 64 KiB, cut at a character's end (a
+    /// byte that is not UTF-8 shows as U+FFFD).
+    pub data: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +325,15 @@ mod tests {
         let s: SchedRequest = parse_body(br#"{"cap": null}"#).unwrap();
         assert_eq!(s, SchedRequest::default());
         assert!(parse_body::<MemoryRequest>(br#"{"target_mib": "512"}"#).is_err());
+    }
+
+    #[test]
+    fn states_are_named_once() {
+        for st in State::ALL {
+            assert_eq!(State::parse(st.as_str()), Some(st));
+            let json = serde_json::to_string(&st).unwrap();
+            assert_eq!(json, format!("\"{st}\""), "serde and as_str agree");
+        }
+        assert_eq!(State::parse("sleeping"), None);
     }
 }

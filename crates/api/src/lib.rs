@@ -8,10 +8,13 @@
 //!   documented in `api/domain.openapi.json`.
 //! - [`client`]: a typed client of that API ([`client::VmmClient`]).
 //! - [`daemon`]: the daemon's API (`domusd.sock`), documented in
-//!   `api/daemon.openapi.json`: its request bodies so far.
+//!   `api/daemon.openapi.json`, and its typed client
+//!   ([`client::DaemonClient`]).
+//! - [`openapi`]: checks of both documents' schemas against these types.
 
 pub mod client;
 pub mod daemon;
+pub mod openapi;
 pub mod vmm;
 
 use serde::de::DeserializeOwned;

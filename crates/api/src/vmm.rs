@@ -68,6 +68,30 @@ pub struct DeviceInfo {
     pub rate_limit: Option<RateLimit>,
 }
 
+impl DeviceInfo {
+    /// A string fact of its `info` (a disk's `path` and `serial`, an
+    /// interface's `tap` and `mac`); empty when it has none by that name.
+    pub fn fact(&self, key: &str) -> &str {
+        self.info
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+    }
+
+    /// A flag of its `info` (a disk's `read_only`); false when absent.
+    pub fn flag(&self, key: &str) -> bool {
+        self.info
+            .get(key)
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    }
+
+    /// One of its counters; 0 when it has none by that name.
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
+}
+
 /// `PUT /v1/devices/{id}/rate-limit`: a field left out keeps its limit;
 /// `null` or 0 lifts it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +128,26 @@ pub struct PlugRequest {
     /// `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<String>,
+}
+
+/// `PUT /v1/domain/vcpu-pin`: lets one vCPU (or, with `vcpu` left out,
+/// every vCPU) run on the host CPUs `cpus` only.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VcpuPin {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu: Option<u32>,
+    pub cpus: Vec<u32>,
+}
+
+/// One vCPU's thread and the host CPUs it may run on: the answer to
+/// vcpu-pin lists every vCPU so.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VcpuAffinity {
+    pub vcpu: u32,
+    pub tid: i32,
+    pub cpus: Vec<u32>,
 }
 
 /// The answer to `DELETE /v1/devices/{id}` (202): the guest has been asked

@@ -7,9 +7,9 @@ use domus_api::daemon::{
 };
 use domus_api::request_body;
 use domus_http::{Request, Response};
-use serde_json::{json, Value};
+use serde::Serialize;
 
-use crate::{to_json, Daemon, Error, Request as Stop};
+use crate::{Daemon, Error, Request as Stop};
 
 pub const OPENAPI: &str = include_str!("../../../api/daemon.openapi.json");
 
@@ -29,6 +29,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/maxmem"),
     ("PUT", "/v1/domains/{dom}/name"),
     ("GET", "/v1/domains/{dom}/devices"),
+    ("GET", "/v1/domains/{dom}/console"),
     ("PUT", "/v1/domains/{dom}/block-attach"),
     ("PUT", "/v1/domains/{dom}/block-detach"),
     ("PUT", "/v1/domains/{dom}/network-attach"),
@@ -40,8 +41,16 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
 ];
 
-fn ok(v: Value) -> Response {
-    Response::json(200, v.to_string())
+/// A typed answer with `status`.
+fn answer<T: Serialize>(status: u16, v: &T) -> Response {
+    match serde_json::to_string(v) {
+        Ok(body) => Response::json(status, body),
+        Err(e) => Response::error(500, &format!("encoding the answer: {e}")),
+    }
+}
+
+fn ok<T: Serialize>(v: T) -> Response {
+    answer(200, &v)
 }
 
 fn err(e: &Error) -> Response {
@@ -59,11 +68,34 @@ fn create(d: &Daemon, req: &Request) -> Result<Response, Response> {
     let dir = c.dir.as_deref().unwrap_or("/");
     let overrides = c.overrides.unwrap_or_default();
     let text = c.config.as_str();
-    let (dom, warnings) = d.create(file, dir, text, &overrides).map_err(|e| err(&e))?;
-    Ok(Response::json(
-        201,
-        json!({ "domain": dom, "warnings": warnings }).to_string(),
-    ))
+    let created = d.create(file, dir, text, &overrides).map_err(|e| err(&e))?;
+    Ok(answer(201, &created))
+}
+
+/// The console route's query: `file=INODE` (optional) and `from=OFFSET`
+/// (default 0); anything else is a 400.
+fn console_query(req: &Request) -> Result<(Option<u64>, u64), Response> {
+    let (mut file, mut from) = (None, 0);
+    for pair in req.query.as_deref().unwrap_or("").split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let n: u64 = v.parse().map_err(|_| {
+            Response::error(400, &format!("'{k}' must be a whole number, not '{v}'"))
+        })?;
+        match k {
+            "file" => file = Some(n),
+            "from" => from = n,
+            _ => {
+                return Err(Response::error(
+                    400,
+                    &format!("unknown query parameter '{k}'"),
+                ))
+            }
+        }
+    }
+    Ok((file, from))
 }
 
 pub fn handle(d: &Daemon, req: &Request) -> Response {
@@ -75,16 +107,8 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
     let r: Result<Response, Response> = match (ROUTES[i].0, ROUTES[i].1) {
         (_, "/openapi.json") => Ok(Response::json(200, OPENAPI)),
         (_, "/v1/info") => Ok(ok(d.info())),
-        (_, "/v1/dmesg") => d
-            .dmesg()
-            .map(|l| {
-                ok(json!(l
-                    .into_iter()
-                    .map(|(t, m)| json!({"at": t, "msg": m}))
-                    .collect::<Vec<_>>()))
-            })
-            .map_err(|e| err(&e)),
-        ("GET", "/v1/domains") => d.list().map(|l| ok(Value::Array(l))).map_err(|e| err(&e)),
+        (_, "/v1/dmesg") => d.dmesg().map(ok).map_err(|e| err(&e)),
+        ("GET", "/v1/domains") => d.list().map(ok).map_err(|e| err(&e)),
         ("POST", "/v1/domains") => create(d, req),
         ("GET", "/v1/domains/{dom}") => {
             d.find(dom).map(|r| ok(d.describe(&r))).map_err(|e| err(&e))
@@ -111,7 +135,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             };
             d.shutdown(dom, what)
                 .and_then(|()| d.find(dom))
-                .map(|r| Response::json(202, d.describe(&r).to_string()))
+                .map(|r| answer(202, &d.describe(&r)))
                 .map_err(|e| err(&e))
         }
         (_, "/v1/domains/{dom}/maxmem") => request_body::<MaxmemRequest>(req)
@@ -124,10 +148,9 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|r| ok(d.describe(&r)))
                 .map_err(|e| err(&e))
         }),
-        (_, "/v1/domains/{dom}/devices") => d
-            .devices(dom)
-            .map(|list| ok(to_json(&list)))
-            .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/console") => console_query(req)
+            .and_then(|(file, from)| d.console(dom, file, from).map(ok).map_err(|e| err(&e))),
+        (_, "/v1/domains/{dom}/devices") => d.devices(dom).map(ok).map_err(|e| err(&e)),
         (_, verb @ ("/v1/domains/{dom}/block-attach" | "/v1/domains/{dom}/network-attach")) => {
             request_body::<AttachRequest>(req).and_then(|m| {
                 let spec = match m.spec.as_deref() {
@@ -142,8 +165,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 } else {
                     d.network_attach(dom, spec)
                 };
-                r.map(|v| Response::json(201, v.to_string()))
-                    .map_err(|e| err(&e))
+                r.map(|v| answer(201, &v)).map_err(|e| err(&e))
             })
         }
         (_, verb @ ("/v1/domains/{dom}/block-detach" | "/v1/domains/{dom}/network-detach")) => {
@@ -154,19 +176,15 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 } else {
                     d.network_detach(dom, &id)
                 };
-                r.map(|v| Response::json(202, v.to_string()))
-                    .map_err(|e| err(&e))
+                r.map(|v| answer(202, &v)).map_err(|e| err(&e))
             })
         }
-        (_, "/v1/domains/{dom}/vcpus") => d
-            .vcpus(dom)
-            .map(|v| ok(Value::Array(v)))
-            .map_err(|e| err(&e)),
+        (_, "/v1/domains/{dom}/vcpus") => d.vcpus(dom).map(ok).map_err(|e| err(&e)),
         (_, "/v1/domains/{dom}/vcpu-pin") => request_body::<PinRequest>(req).and_then(|m| {
             let vcpu = m.vcpu().map_err(|e| Response::error(400, &e))?;
             d.pin(dom, vcpu, &m.cpus)
                 .and_then(|()| d.vcpus(dom))
-                .map(|v| ok(Value::Array(v)))
+                .map(ok)
                 .map_err(|e| err(&e))
         }),
         ("GET", "/v1/domains/{dom}/sched") => d.sched(dom, None, None).map(ok).map_err(|e| err(&e)),
@@ -184,6 +202,7 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use std::collections::BTreeSet;
 
     #[test]
@@ -320,9 +339,19 @@ mod tests {
         assert_eq!(r.status, 400);
         assert!(String::from_utf8_lossy(&r.body).contains("unknown field `colour`"));
         let list = handle(&d, &req("GET", "/v1/domains", ""));
-        let v: Value = serde_json::from_slice(&list.body).unwrap();
-        assert_eq!(v.as_array().unwrap().len(), 1, "only Domain-0: {v}");
-        assert_eq!(v[0]["name"], "Domain-0");
+        let v: Vec<domus_api::daemon::Domain> = serde_json::from_slice(&list.body).unwrap();
+        assert_eq!(v.len(), 1, "only Domain-0: {v:?}");
+        assert_eq!((v[0].id, v[0].name.as_str()), (0, "Domain-0"));
+        // The console of a domain that is not there, and a bad query.
+        assert_eq!(
+            handle(&d, &req("GET", "/v1/domains/ghost/console", "")).status,
+            404
+        );
+        let q = Request {
+            query: Some("from=x".into()),
+            ..req("GET", "/v1/domains/ghost/console", "")
+        };
+        assert_eq!(handle(&d, &q).status, 400);
         let _ = std::fs::remove_dir_all(state);
     }
 }

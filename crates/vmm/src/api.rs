@@ -16,7 +16,7 @@ use domus_devices::bus::lock;
 use domus_api::request_body;
 use domus_api::vmm::{
     BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, PlugRequest, Pressed,
-    RateLimit, RateLimitUpdate, Unplugging,
+    RateLimit, RateLimitUpdate, Unplugging, VcpuAffinity, VcpuPin,
 };
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
@@ -41,6 +41,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domain/pause"),
     ("PUT", "/v1/domain/resume"),
     ("PUT", "/v1/domain/power-button"),
+    ("PUT", "/v1/domain/vcpu-pin"),
     ("GET", "/v1/devices"),
     ("POST", "/v1/devices"),
     ("GET", "/v1/devices/{id}"),
@@ -232,6 +233,51 @@ impl Domain {
         Ok(ok(&Self::device_info(&d)))
     }
 
+    /// PUT /v1/domain/vcpu-pin: the vCPU threads' host CPUs (the VMM pins
+    /// its own threads; the daemon only asks).
+    fn pin_vcpus(&self, req: &Request) -> Result<Response, Response> {
+        let pin: VcpuPin = request_body(req)?;
+        let tids = self.pause.vcpu_tids();
+        // SAFETY: sysconf has no preconditions.
+        let host = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32;
+        if pin.cpus.is_empty() {
+            return Err(Response::error(400, "'cpus' names no host CPU"));
+        }
+        if let Some(bad) = pin.cpus.iter().find(|c| **c >= host) {
+            return Err(Response::error(
+                400,
+                &format!("CPU {bad} does not exist (the host has {host})"),
+            ));
+        }
+        let chosen: Vec<i32> = match pin.vcpu {
+            None => tids.clone(),
+            Some(v) => vec![*tids.get(v as usize).ok_or_else(|| {
+                Response::error(
+                    400,
+                    &format!("vCPU {v} does not exist ({} vCPUs)", tids.len()),
+                )
+            })?],
+        };
+        for tid in chosen {
+            crate::affinity::set(tid, &pin.cpus).map_err(|e| {
+                Response::error(
+                    409,
+                    &format!("pinning thread {tid}: {e} (outside the domain's cpus?)"),
+                )
+            })?;
+        }
+        let now: Vec<VcpuAffinity> = tids
+            .iter()
+            .zip(0..)
+            .map(|(tid, vcpu)| VcpuAffinity {
+                vcpu,
+                tid: *tid,
+                cpus: crate::affinity::get(*tid).unwrap_or_default(),
+            })
+            .collect();
+        Ok(ok(&now))
+    }
+
     fn balloon(&self) -> Result<&BalloonHandle, Response> {
         self.balloon.as_deref().ok_or_else(|| {
             Response::error(404, "this domain has no balloon (start it with --balloon)")
@@ -283,6 +329,7 @@ impl Domain {
                     &format!("interrupting the guest: {e}"),
                 )),
             },
+            "/v1/domain/vcpu-pin" => self.pin_vcpus(req),
             "/v1/devices" if req.method == "POST" => self.plug(req),
             "/v1/devices" => Ok(ok(&lock(&self.devices)
                 .iter()
@@ -304,6 +351,8 @@ impl Domain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use domus_api::vmm::{BalloonInfo, DeviceInfo, DomainInfo, DomainState, RateLimit};
+    use domus_api::ErrorBody;
     use domus_virtio::ratelimit::Shared;
     use domus_virtio::Stats;
     use serde_json::{json, Value};
@@ -348,8 +397,14 @@ mod tests {
         }
     }
 
-    fn body(r: &Response) -> Value {
-        serde_json::from_slice(&r.body).unwrap()
+    /// The answer's body as the API type `T`.
+    fn body<T: serde::de::DeserializeOwned>(r: &Response) -> T {
+        serde_json::from_slice(&r.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&r.body)))
+    }
+
+    fn error(r: &Response) -> String {
+        body::<ErrorBody>(r).error
     }
 
     /// Every (method, path) in the OpenAPI document, paths as written there.
@@ -400,7 +455,7 @@ mod tests {
             ("Device", "/v1/devices/vda"),
             ("Balloon", "/v1/balloon"),
         ] {
-            let got = body(&d.handle(&req("GET", path, "")));
+            let got: Value = body(&d.handle(&req("GET", path, "")));
             for f in doc["components"]["schemas"][schema]["required"]
                 .as_array()
                 .unwrap()
@@ -426,10 +481,16 @@ mod tests {
         let put = |b: &str| d.handle(&req("PUT", "/v1/devices/vda/rate-limit", b));
         let r = put(r#"{"bandwidth": 1048576}"#);
         assert_eq!(r.status, 200);
-        assert_eq!(body(&r)["rate_limit"]["bandwidth"], 1048576);
-        assert_eq!(body(&r)["rate_limit"]["iops"], Value::Null);
+        let limit = |r: &Response| body::<DeviceInfo>(r).rate_limit.unwrap();
+        assert_eq!(
+            limit(&r),
+            RateLimit {
+                bandwidth: Some(1048576),
+                iops: None
+            }
+        );
         let r = put(r#"{"iops": 100}"#);
-        assert_eq!(body(&r)["rate_limit"]["bandwidth"], 1048576, "kept");
+        assert_eq!(limit(&r).bandwidth, Some(1048576), "kept");
         for bad in [
             "",
             "nope",
@@ -441,16 +502,13 @@ mod tests {
         ] {
             let r = put(bad);
             assert_eq!(r.status, 400, "{bad}");
-            assert!(body(&r)["error"].as_str().is_some());
+            assert!(!error(&r).is_empty());
         }
         let l = lock(&d.devices)[0].limiter.as_ref().unwrap().limits();
         assert_eq!(l.bytes_per_sec, Some(1048576));
         assert_eq!(l.ops_per_sec, Some(100));
         let r = put(r#"{"bandwidth": null, "iops": 0}"#);
-        assert_eq!(
-            body(&r)["rate_limit"],
-            json!({"bandwidth": null, "iops": null})
-        );
+        assert_eq!(limit(&r), RateLimit::default());
     }
 
     #[test]
@@ -461,7 +519,7 @@ mod tests {
         assert_eq!(put(r#"{}"#).status, 400);
         let r = put(r#"{"target_mib": 200}"#);
         assert_eq!(r.status, 200);
-        assert_eq!(body(&r)["target_mib"], 200);
+        assert_eq!(body::<BalloonInfo>(&r).target_mib, 200);
         assert_eq!(d.balloon.as_ref().unwrap().target_pages(), 56 << 8);
     }
 
@@ -469,9 +527,9 @@ mod tests {
     fn pause_and_resume_report_the_state() {
         let d = domain();
         let r = d.handle(&req("PUT", "/v1/domain/pause", ""));
-        assert_eq!(body(&r)["state"], "paused");
+        assert_eq!(body::<DomainInfo>(&r).state, DomainState::Paused);
         let r = d.handle(&req("PUT", "/v1/domain/resume", ""));
-        assert_eq!(body(&r)["state"], "running");
+        assert_eq!(body::<DomainInfo>(&r).state, DomainState::Running);
     }
 
     #[test]
@@ -535,12 +593,12 @@ mod tests {
         }
         // An unknown field is named, and nothing is plugged.
         let r = post(&d, r#"{"disk": "/img/b", "size": 1}"#);
-        let e = body(&r)["error"].as_str().unwrap_or_default().to_string();
+        let e = error(&r);
         assert!(e.contains("unknown field `size`"), "{e}");
         assert_eq!(lock(&d.devices).len(), 1);
         let r = post(&d, r#"{"disk": "/img/b"}"#);
         assert_eq!(r.status, 201);
-        assert_eq!(body(&r)["id"], "vdb", "vda is taken");
+        assert_eq!(body::<DeviceInfo>(&r).id, "vdb", "vda is taken");
         assert_eq!(post(&d, r#"{"net": "tap=t0"}"#).status, 409);
         assert_eq!(lock(&d.devices).len(), 2);
         let del = |d: &Domain, id: &str| d.handle(&req("DELETE", &format!("/v1/devices/{id}"), ""));

@@ -4,6 +4,7 @@
 //! the virtual CPUs, and [`probe`] tells whether /dev/kvm runs kernel code at
 //! hardware speed.
 
+pub mod affinity;
 pub mod api;
 pub mod config;
 pub mod console;

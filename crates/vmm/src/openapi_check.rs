@@ -3,82 +3,11 @@
 //! same fields, of the same JSON types, nullable where a field may be null,
 //! required where the server always writes it. (Test-only.)
 
-use std::collections::BTreeSet;
-
 use serde_json::{json, Value};
 
+use domus_api::openapi::check_schema;
+
 use crate::api::OPENAPI;
-
-/// The JSON type OpenAPI gives a value.
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_f64() => "number",
-        Value::Number(_) => "integer",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-/// A schema with its `$ref` (or a one-element `allOf` of one) followed.
-fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
-    let target = schema["$ref"]
-        .as_str()
-        .or_else(|| schema["allOf"][0]["$ref"].as_str());
-    match target {
-        Some(r) => &doc["components"]["schemas"][r.rsplit('/').next().unwrap_or_default()],
-        None => schema,
-    }
-}
-
-/// Checks `samples` (one type, serialized) against its OpenAPI schema:
-/// the same fields, each of the documented JSON type (null only where
-/// nullable, strings within an enum), and `required` naming every field
-/// when `all_required` (answers always write every field).
-fn check_schema(doc: &Value, what: &str, schema: &Value, samples: &[Value], all_required: bool) {
-    let schema = resolve(doc, schema);
-    let props = schema["properties"]
-        .as_object()
-        .unwrap_or_else(|| panic!("{what}: no properties in {schema}"));
-    let documented: BTreeSet<&String> = props.keys().collect();
-    for sample in samples {
-        let fields = sample.as_object().unwrap();
-        assert_eq!(
-            fields.keys().collect::<BTreeSet<_>>(),
-            documented,
-            "{what}: the type's fields and the schema's"
-        );
-        for (k, v) in fields {
-            let p = &props[k];
-            if v.is_null() {
-                assert_eq!(p["nullable"], true, "{what}.{k} is null but not nullable");
-                continue;
-            }
-            let want = resolve(doc, p)["type"].as_str().unwrap_or_default();
-            let got = kind(v);
-            assert!(
-                got == want || (got == "integer" && want == "number"),
-                "{what}.{k}: {got} where the schema says {want}"
-            );
-            if let Some(e) = p["enum"].as_array() {
-                assert!(e.contains(v), "{what}.{k}: {v} is not in {e:?}");
-            }
-        }
-    }
-    if all_required {
-        let required: BTreeSet<&str> = schema["required"]
-            .as_array()
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        assert_eq!(
-            required,
-            documented.iter().map(|k| k.as_str()).collect(),
-            "{what}: required"
-        );
-    }
-}
 
 #[test]
 fn the_openapi_schemas_match_the_api_types() {
@@ -182,6 +111,24 @@ fn the_openapi_schemas_match_the_api_types() {
     };
     let schema = answer("put", "/v1/domain/power-button", "202");
     check_schema(&doc, "Pressed", &schema, &[sample(&pressed)], false);
+    let pin = VcpuPin {
+        vcpu: Some(1),
+        cpus: vec![0, 2],
+    };
+    let schema = request("put", "/v1/domain/vcpu-pin");
+    check_schema(&doc, "VcpuPin", &schema, &[sample(&pin)], false);
+    let pinned = VcpuAffinity {
+        vcpu: 1,
+        tid: 9,
+        cpus: vec![0, 2],
+    };
+    check_schema(
+        &doc,
+        "VcpuAffinity",
+        &schemas["VcpuAffinity"],
+        &[sample(&pinned)],
+        true,
+    );
     let gone = Unplugging {
         unplugging: "vdb".into(),
         slot: 4,

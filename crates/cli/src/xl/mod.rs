@@ -1,0 +1,447 @@
+//! The xl-style verbs: `domus daemon` and the commands that talk to it
+//! through its typed client ([`DaemonClient`]), on `STATE_DIR/domusd.sock`
+//! or TCP. Domain verbs are here; vCPU and scheduling verbs in [`cpu`],
+//! disk and interface verbs in [`devices`].
+
+mod cpu;
+mod devices;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use domus_api::client::{ClientError, DaemonClient, Endpoint};
+use domus_api::daemon::{CreateRequest, State};
+
+pub use cpu::{
+    sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
+};
+pub use devices::{attach, detach, device_list, AttachArgs, DetachArgs, DeviceListArgs};
+
+/// Where the daemon lives: `--state-dir`, `$DOMUS_STATE_DIR`, /var/lib/domus.
+#[derive(clap::Args, Clone)]
+pub struct StateArg {
+    /// The daemon's state directory [default: $DOMUS_STATE_DIR, else /var/lib/domus]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl StateArg {
+    /// The daemon's typed client: on its Unix socket in the state
+    /// directory, or on TCP when DOMUS_DAEMON_TCP (host:port) is set, with
+    /// the bearer token from DOMUS_TOKEN or the file DOMUS_TOKEN_FILE.
+    fn client(&self) -> Result<DaemonClient, String> {
+        let at = match std::env::var("DOMUS_DAEMON_TCP") {
+            Ok(addr) => {
+                let token = match (
+                    std::env::var("DOMUS_TOKEN"),
+                    std::env::var_os("DOMUS_TOKEN_FILE"),
+                ) {
+                    (Ok(t), _) => t,
+                    (_, Some(f)) => std::fs::read_to_string(&f)
+                        .map_err(|e| format!("DOMUS_TOKEN_FILE {}: {e}", Path::new(&f).display()))?
+                        .trim()
+                        .to_string(),
+                    _ => {
+                        return Err("DOMUS_DAEMON_TCP needs DOMUS_TOKEN or DOMUS_TOKEN_FILE".into())
+                    }
+                };
+                Endpoint::Tcp { addr, token }
+            }
+            Err(_) => Endpoint::Unix(domus_daemon::socket_path(&domus_daemon::state_dir(
+                self.state_dir.clone(),
+            ))),
+        };
+        Ok(DaemonClient::new(at))
+    }
+}
+
+#[derive(clap::Args)]
+pub struct DaemonArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Memory kept for the host: domains together get at most the host's
+    /// memory minus this (MiB).
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
+    pub host_reserve: u64,
+    /// Also serve the API on TCP at this host:port (requests need
+    /// `Authorization: Bearer TOKEN`; the CLI reaches it through
+    /// DOMUS_DAEMON_TCP and DOMUS_TOKEN_FILE or DOMUS_TOKEN).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen_tcp: Option<String>,
+    /// The bearer token's file (made, mode 0600, if missing) [default: STATE_DIR/token]
+    #[arg(long, value_name = "PATH", requires = "listen_tcp")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// The domain's configuration file (xl.cfg syntax).
+    pub config: PathBuf,
+    /// key=value settings that override the file's, as with xl create.
+    pub overrides: Vec<String>,
+    /// Follow the new domain's console (as `domus console`) until it goes away.
+    #[arg(short = 'c')]
+    pub console: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Long listing: everything the daemon knows, as JSON.
+    #[arg(short = 'l', long)]
+    pub long: bool,
+}
+
+#[derive(clap::Args)]
+pub struct DomArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+}
+
+#[derive(clap::Args)]
+pub struct MemSetArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+    /// The memory the guest keeps: 512M, 1G, or plain MiB.
+    #[arg(value_parser = domus_vmm::config::parse_size)]
+    pub size: u64,
+}
+
+#[derive(clap::Args)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("domus: {msg}");
+    ExitCode::from(1)
+}
+
+/// Runs a verb: its exit status, or status 1 after printing why it failed.
+fn verb(f: impl FnOnce() -> Result<ExitCode, String>) -> ExitCode {
+    f().unwrap_or_else(fail)
+}
+
+/// A failed request as the user reads it: an unreachable daemon names
+/// where it was looked for.
+fn failed(e: ClientError) -> String {
+    match e {
+        ClientError::Transport { at, source } if at.starts_with("tcp ") => {
+            format!("cannot reach the daemon at {at} ({source})")
+        }
+        ClientError::Transport { at, source } => format!(
+            "cannot reach the daemon at {at} ({source}); is `domus daemon` running with the same state directory?"
+        ),
+        e => e.to_string(),
+    }
+}
+
+/// Prints `v` as pretty JSON (the `--json` of the listings).
+fn print_json<T: serde::Serialize>(v: &T) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+pub fn daemon(a: DaemonArgs) -> ExitCode {
+    let state = domus_daemon::state_dir(a.state.state_dir);
+    let tcp = a.listen_tcp.map(|addr| domus_daemon::TcpApi {
+        addr,
+        token_file: a.token_file.unwrap_or_else(|| state.join("token")),
+    });
+    match domus_daemon::run(state, a.host_reserve, tcp) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+pub fn create(a: CreateArgs) -> ExitCode {
+    verb(|| {
+        let text = std::fs::read_to_string(&a.config)
+            .map_err(|e| format!("{}: {e}", a.config.display()))?;
+        let dir = std::fs::canonicalize(&a.config)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from("."));
+        let created = a
+            .state
+            .client()?
+            .create(&CreateRequest {
+                config: text,
+                file: Some(a.config.display().to_string()),
+                dir: Some(dir.display().to_string()),
+                overrides: Some(a.overrides),
+            })
+            .map_err(failed)?;
+        for w in &created.warnings {
+            eprintln!("domus: warning: {w}");
+        }
+        let d = &created.domain;
+        println!("domain {} (id {}) is {}", d.name, d.id, d.state);
+        if a.console {
+            return Ok(console(ConsoleArgs {
+                state: a.state,
+                domain: d.id.to_string(),
+            }));
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A number the daemon may not know, as a listing prints it.
+fn or_null<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "null".into(), |v| v.to_string())
+}
+
+pub fn list(a: ListArgs) -> ExitCode {
+    verb(|| {
+        let doms = a.state.client()?.list().map_err(failed)?;
+        if a.json || a.long {
+            print_json(&doms);
+            return Ok(ExitCode::SUCCESS);
+        }
+        println!(
+            "{:<24} {:>4} {:>7} {:>5} {:>11} {:>9}",
+            "Name", "ID", "Mem", "VCPUs", "State", "Time(s)"
+        );
+        for d in doms {
+            println!(
+                "{:<24} {:>4} {:>7} {:>5} {:>11} {:>9.1}",
+                d.name,
+                d.id,
+                d.memory_mib,
+                or_null(d.vcpus),
+                d.state.as_str(),
+                d.cpu_time_s
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// destroy, pause, unpause.
+pub fn simple(name: &str, a: DomArgs) -> ExitCode {
+    verb(|| {
+        let c = a.state.client()?;
+        match name {
+            "destroy" => c.destroy(&a.domain),
+            "pause" => c.pause(&a.domain).map(drop),
+            _ => c.unpause(&a.domain).map(drop),
+        }
+        .map_err(failed)?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn mem_set(a: MemSetArgs) -> ExitCode {
+    verb(|| {
+        let c = a.state.client()?;
+        c.set_memory(&a.domain, a.size >> 20).map_err(failed)?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(clap::Args)]
+pub struct ShutdownArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+    /// Wait until the guest has stopped (shutdown) or is running again
+    /// (reboot).
+    #[arg(short = 'w', long)]
+    pub wait: bool,
+    /// With -w: give up after this many seconds (exit status 1).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    pub timeout: u64,
+}
+
+/// shutdown and reboot: press the guest's power button through the daemon,
+/// and with -w wait for the outcome.
+pub fn shutdown(name: &str, a: ShutdownArgs) -> ExitCode {
+    verb(|| {
+        let c = a.state.client()?;
+        let before = if name == "reboot" {
+            c.reboot(&a.domain)
+        } else {
+            c.shutdown(&a.domain)
+        }
+        .map_err(failed)?;
+        let dom = before.name.clone();
+        if !a.wait {
+            println!("asked domain {dom} to {name} (ACPI power button)");
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!(
+            "domus: waiting for domain {dom} to {name} (at most {} s)",
+            a.timeout
+        );
+        let id = before.id.to_string();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(a.timeout);
+        while std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let now = match c.domain(&id) {
+                Ok(d) => d,
+                // Gone: destroyed by on_poweroff (or on_reboot) = destroy.
+                Err(e) if e.status() == Some(404) && name == "shutdown" => {
+                    println!("domain {dom} has shut down");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) if e.status() == Some(404) => {
+                    return Err(format!("domain {dom} went away instead of rebooting"))
+                }
+                Err(e) => return Err(failed(e)),
+            };
+            // A new VMM counts once its own API answers (the daemon records
+            // it as running as soon as it has started it).
+            let restarted =
+                now.pid != before.pid && now.state == State::Running && c.devices(&id).is_ok();
+            match now.state {
+                State::Shutdown | State::Crashed => {
+                    println!("domain {dom} is {}", now.state);
+                    let ok = name == "shutdown" && now.state == State::Shutdown;
+                    return Ok(if ok {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    });
+                }
+                _ if restarted => {
+                    let done = if name == "reboot" {
+                        "rebooted"
+                    } else {
+                        "shut down"
+                    };
+                    println!(
+                        "domain {dom} has {done} and runs again (pid {})",
+                        or_null(now.pid)
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+                _ => {}
+            }
+        }
+        Err(format!(
+            "domain {dom} did not {name} within {} s (does its guest handle the ACPI power button? `domus destroy` stops it at once)",
+            a.timeout
+        ))
+    })
+}
+
+#[derive(clap::Args)]
+pub struct MemMaxArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Domain name or id.
+    pub domain: String,
+    /// The most memory the domain may have: 512M, 1G, or plain MiB.
+    #[arg(value_parser = domus_vmm::config::parse_size)]
+    pub size: u64,
+}
+
+pub fn mem_max(a: MemMaxArgs) -> ExitCode {
+    verb(|| {
+        let c = a.state.client()?;
+        let m = c.set_maxmem(&a.domain, a.size >> 20).map_err(failed)?;
+        if m.at_next_start {
+            println!(
+                "domain {}: maximum {} MiB; its guest has {} MiB of RAM until its next start",
+                m.name,
+                m.maxmem_mib,
+                or_null(m.ram_mib)
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn info(a: InfoArgs) -> ExitCode {
+    verb(|| {
+        let info = a.state.client()?.info().map_err(failed)?;
+        if a.json {
+            print_json(&info);
+            return Ok(ExitCode::SUCCESS);
+        }
+        // Field by field, by name, as the JSON has them.
+        let v = serde_json::to_value(&info).map_err(|e| e.to_string())?;
+        for (k, v) in v.as_object().into_iter().flatten() {
+            println!(
+                "{k:<20}: {}",
+                v.as_str().map_or_else(|| v.to_string(), str::to_string)
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn dmesg(a: StateArg) -> ExitCode {
+    verb(|| {
+        for l in a.client()?.dmesg().map_err(failed)? {
+            println!("[{:.3}] {}", l.at, l.msg);
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(clap::Args)]
+pub struct RenameArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    pub domain: String,
+    pub new_name: String,
+}
+
+pub fn rename(a: RenameArgs) -> ExitCode {
+    verb(|| {
+        let c = a.state.client()?;
+        c.rename(&a.domain, &a.new_name).map_err(failed)?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(clap::Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    pub domain: String,
+}
+
+/// Follows a domain's console through the daemon's API until the domain
+/// goes away (read-only: the console of a daemon-managed domain goes to its
+/// log; after a restart, the new run's log follows the old one's end).
+pub fn console(a: ConsoleArgs) -> ExitCode {
+    verb(|| {
+        use std::io::Write;
+        let c = a.state.client()?;
+        // By id: a rename must not end the stream.
+        let id = c.domain(&a.domain).map_err(failed)?.id.to_string();
+        let (mut file, mut from) = (None, 0);
+        loop {
+            let piece = match c.console(&id, file, from) {
+                Ok(p) => p,
+                Err(e) if e.status() == Some(404) => return Ok(ExitCode::SUCCESS),
+                Err(e) => return Err(failed(e)),
+            };
+            let mut out = std::io::stdout();
+            let _ = out.write_all(piece.data.as_bytes());
+            let _ = out.flush();
+            let idle = piece.next == piece.from && Some(piece.file) == file;
+            (file, from) = (Some(piece.file), piece.next);
+            if idle {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    })
+}

@@ -1,0 +1,446 @@
+//! Domain lifecycle: recovering after a daemon restart, admission
+//! control, create (and the VMM's start), destroy, rename, pause and the
+//! power button.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use domus_api::client::VmmClient;
+use domus_api::daemon::Created;
+use domus_api::vmm::{DeviceInfo, DomainState};
+
+use crate::host::{alive, host_memory_mib, start_time};
+use crate::network::ip;
+use crate::supervise::{exit_file_status, Live, Request};
+use crate::watch;
+use crate::{cgroup, db, domain_dir, limits, lock, vmm_error, Daemon, Error, Result, Row};
+
+impl Daemon {
+    pub(crate) fn recover(&self) -> Result<()> {
+        let rows = lock(&self.db).all()?;
+        // Groups of domains that ended while no daemon ran, or that the last
+        // daemon had not removed yet.
+        if let Some(base) = &self.cgroup_base {
+            let known: Vec<String> = rows.iter().map(|r| self.cgroup_name(r.id)).collect();
+            let prefix = format!("{}-d", self.tag);
+            lock(&self.stale_cgroups).extend(
+                cgroup::list(base, &prefix)
+                    .into_iter()
+                    .filter(|n| !known.contains(n)),
+            );
+        }
+        for r in rows {
+            match r.state.as_str() {
+                // A create the last daemon did not finish: undo it.
+                "creating" => {
+                    if let Some(pid) = r.pid {
+                        if alive(pid, r.start_time) {
+                            // SAFETY: kill(2) on a pid we started.
+                            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        }
+                    }
+                    self.cleanup(&r)?;
+                    self.log(&format!("removed half-created domain {}", r.name));
+                }
+                "running" if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
+                    // What the model keeps of it, asked once (a VMM that
+                    // does not answer now is asked again by describe()).
+                    let api =
+                        VmmClient::new(self.api_sock(&r)).with_timeout(Duration::from_secs(2));
+                    let info = api.domain().ok();
+                    lock(&self.live).insert(
+                        r.id,
+                        Live {
+                            paused: info
+                                .as_ref()
+                                .is_some_and(|i| i.state == DomainState::Paused),
+                            vcpu_tids: info.map(|i| i.vcpu_tids).unwrap_or_default(),
+                            // Checked after it is made: the pid may have
+                            // been reused since the alive() above.
+                            pidfd: r
+                                .pid
+                                .and_then(watch::pidfd)
+                                .filter(|_| r.pid.is_some_and(|p| alive(p, r.start_time))),
+                            ..Live::default()
+                        },
+                    );
+                    self.log(&format!("found domain {} (pid {:?})", r.name, r.pid));
+                }
+                "running" => {
+                    self.log(&format!("domain {} ended while no daemon ran", r.name));
+                    self.ended(&r, exit_file_status(&domain_dir(&self.state, r.id)))?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn used_mib(&self, except: Option<i64>) -> Result<u64> {
+        Ok(lock(&self.db)
+            .all()?
+            .iter()
+            .filter(|r| Some(r.id) != except && r.state != "shutdown" && r.state != "crashed")
+            .map(|r| r.memory_mib as u64)
+            .sum())
+    }
+
+    pub(crate) fn admit(&self, need: u64, except: Option<i64>) -> Result<()> {
+        let total = host_memory_mib();
+        let used = self.used_mib(except)?;
+        let free = total.saturating_sub(self.reserve_mib).saturating_sub(used);
+        if need > free {
+            return Err(Error::NoMemory {
+                need,
+                free,
+                total,
+                used,
+                reserve: self.reserve_mib,
+            });
+        }
+        Ok(())
+    }
+
+    /// Creates and starts a domain from a configuration file's text.
+    pub fn create(
+        &self,
+        file: &str,
+        dir: &str,
+        text: &str,
+        overrides: &[String],
+    ) -> Result<Created> {
+        let loaded = domus_xlcfg::load(file, text, overrides)?;
+        let c = &loaded.config;
+        // The name check, admission and the row (which reserves the name and
+        // the memory) happen under the lifecycle lock; starting the VMM does
+        // not, so creates run side by side.
+        let guard = lock(&self.lifecycle);
+        if lock(&self.db).all()?.iter().any(|r| r.name == c.name) {
+            return Err(Error::NameInUse(c.name.clone()));
+        }
+        self.admit(c.memory_mib, None)?;
+        let row = db::Row {
+            id: 0,
+            name: c.name.clone(),
+            cfg_text: text.into(),
+            cfg_file: file.into(),
+            cfg_dir: dir.into(),
+            overrides: serde_json::to_string(overrides).unwrap_or_else(|_| "[]".into()),
+            pid: None,
+            start_time: None,
+            state: "creating".into(),
+            restarts: 0,
+            memory_mib: c.memory_mib as i64,
+        };
+        let id = lock(&self.db).insert(&row)?;
+        drop(guard);
+        let row = db::Row { id, ..row };
+        match self.start(&row) {
+            Ok(()) => {
+                let Some(r) = self.still_there(&row)? else {
+                    return Err(Error::NoSuchDomain(format!(
+                        "{} (destroyed while it was being created)",
+                        c.name
+                    )));
+                };
+                self.log(&format!("created domain {} (id {id})", c.name));
+                Ok(Created {
+                    domain: self.describe(&r),
+                    warnings: loaded.warnings,
+                })
+            }
+            Err(e) => {
+                self.log(&format!("creating {} failed: {e}", c.name));
+                // A destroy that came in meanwhile removed the row; what the
+                // start made after that (directory, cgroup, taps) goes now.
+                let Some(r) = lock(&self.db).get(id)? else {
+                    self.cleanup(&row)?;
+                    return Err(e);
+                };
+                if let Some(pid) = r.pid.filter(|p| alive(*p, r.start_time)) {
+                    // SAFETY: kill(2) on the VMM we started (still the same
+                    // process: its start time matches).
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+                if let Some(mut l) = lock(&self.live).remove(&id) {
+                    if let Some(ch) = l.child.as_mut() {
+                        let _ = ch.kill();
+                        let _ = ch.wait();
+                    }
+                }
+                self.cleanup(&r)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// After a start, which runs outside the lifecycle lock: the domain's
+    /// row, or None when a destroy removed it meanwhile, in which case what
+    /// the start made (the VMM, its directory, cgroup and taps) goes now.
+    pub(crate) fn still_there(&self, row: &db::Row) -> Result<Option<db::Row>> {
+        let _guard = lock(&self.lifecycle);
+        let now = lock(&self.db).get(row.id)?;
+        if now.is_none() {
+            // cleanup() also stops the VMM the start left in `live`.
+            self.cleanup(row)?;
+        }
+        Ok(now)
+    }
+
+    /// Starts the VMM of a domain whose row exists; waits until its API
+    /// answers.
+    pub(crate) fn start(&self, r: &db::Row) -> Result<()> {
+        let c = self.load(r)?;
+        let dir = domain_dir(&self.state, r.id);
+        std::fs::create_dir_all(&dir)?;
+        let api = dir.join("api.sock");
+        let mut cmd = Command::new(&self.domus);
+        cmd.arg("run")
+            .arg("--name")
+            .arg(&c.name)
+            .arg("--kernel")
+            .arg(&c.kernel)
+            .arg("--cmdline")
+            .arg(&c.cmdline)
+            .arg("--vcpus")
+            .arg(c.vcpus.to_string())
+            .arg("--memory")
+            .arg(format!("{}M", c.maxmem_mib))
+            .arg("--console")
+            .arg(format!("file:{}", dir.join("console.log").display()))
+            .arg("--api-socket")
+            .arg(&api)
+            .arg("--exit-file")
+            .arg(dir.join("exit"))
+            .arg("--balloon");
+        if let Some(rd) = &c.ramdisk {
+            cmd.arg("--initrd").arg(rd);
+        }
+        for d in &c.disks {
+            cmd.arg("--disk").arg(format!(
+                "{}{}",
+                d.path.display(),
+                if d.read_only { ",ro" } else { "" }
+            ));
+        }
+        // A restart finds the taps of the VMM that ended (hot-plugged ones
+        // too): start afresh.
+        for t in self.taps(r.id) {
+            let _ = ip(&["link", "del", &t]);
+        }
+        for (i, v) in c.vifs.iter().enumerate() {
+            let tap = self.tap_name(r.id, i);
+            ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+            if let Some(br) = &v.bridge {
+                ip(&["link", "set", &tap, "master", br])?;
+            }
+            ip(&["link", "set", &tap, "up"])?;
+            let mut spec = format!("tap={tap}");
+            if let Some(m) = &v.mac {
+                spec.push_str(&format!(",mac={m}"));
+            }
+            if let Some(rate) = v.rate {
+                spec.push_str(&format!(",bw={rate}"));
+            }
+            cmd.arg("--net").arg(spec);
+        }
+        // A restart keeps the last run's logs, as vmm.log.1 and console.log.1.
+        let _ = std::fs::remove_file(dir.join("exit"));
+        for f in ["vmm.log", "console.log"] {
+            let _ = std::fs::rename(dir.join(f), dir.join(format!("{f}.1")));
+        }
+        let log = std::fs::File::create(dir.join("vmm.log"))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log));
+        let procs = match &self.cgroup_base {
+            Some(base) => {
+                let g = cgroup::create(base, &self.cgroup_name(r.id), &limits(&c))?;
+                Some(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(g.join("cgroup.procs"))?,
+                )
+            }
+            None => None,
+        };
+        let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes async-signal-safe calls (setsid, write) on memory and
+        // descriptors that exist before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::setsid();
+                if let Some(fd) = procs_fd {
+                    // "0": the writing process itself joins the group.
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        drop(procs);
+        let pid = i64::from(child.id());
+        let st = start_time(pid).unwrap_or(0);
+        lock(&self.db).set_running(r.id, pid, st)?;
+        // Wait for the API to answer (or the VMM to fail).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let info = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(dir.join("vmm.log")).unwrap_or_default();
+                return Err(Error::Start {
+                    name: c.name.clone(),
+                    msg: format!("domus run exited ({status}): {}", log.trim()),
+                });
+            }
+            // Each vCPU thread registers as it starts: wait for all.
+            let info = VmmClient::new(&api).domain();
+            if let Some(info) = info.ok().filter(|i| i.vcpu_tids.len() >= c.vcpus as usize) {
+                break info;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Start {
+                    name: c.name.clone(),
+                    msg: "its API did not answer within 15 s".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        lock(&self.live).insert(
+            r.id,
+            Live {
+                child: Some(child),
+                vcpu_tids: info.vcpu_tids,
+                pidfd: watch::pidfd(pid),
+                ..Live::default()
+            },
+        );
+        self.waker.wake();
+        if c.memory_mib < c.maxmem_mib {
+            let _ = VmmClient::new(&api).set_balloon(c.memory_mib);
+        }
+        Ok(())
+    }
+
+    /// Removes everything of a domain: taps, cgroup, files, row.
+    pub(crate) fn cleanup(&self, r: &db::Row) -> Result<()> {
+        let c = self.load(r).ok();
+        let n = c.as_ref().map_or(0, |c| c.vifs.len());
+        let mut taps: Vec<String> = (0..n).map(|i| self.tap_name(r.id, i)).collect();
+        taps.extend(self.taps(r.id));
+        taps.dedup();
+        for t in taps {
+            let _ = ip(&["link", "del", &t]);
+        }
+        if let Some(base) = &self.cgroup_base {
+            let name = self.cgroup_name(r.id);
+            cgroup::kill(base, &name);
+            if let Err(e) = cgroup::remove(base, &name, Duration::from_secs(1)) {
+                self.log(&format!("{e}: removing it later"));
+                lock(&self.stale_cgroups).push(name);
+                self.waker.wake();
+            }
+        }
+        let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
+        lock(&self.db).delete(r.id)?;
+        // A VMM still running here was started by a create that raced this
+        // cleanup (its start() put it in `live` after the caller looked):
+        // it must not outlive its row.
+        let live = lock(&self.live).remove(&r.id);
+        if let Some(mut ch) = live.and_then(|l| l.child) {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+        Ok(())
+    }
+
+    /// Destroys a domain at once (xl destroy): kills its VMM, releases
+    /// everything.
+    pub fn destroy(&self, dom: &str) -> Result<()> {
+        let _guard = lock(&self.lifecycle);
+        let r = self.find(dom)?;
+        lock(&self.db).set_state(r.id, "destroying")?;
+        let child = lock(&self.live).remove(&r.id).and_then(|l| l.child);
+        if let Some(pid) = r.pid {
+            if alive(pid, r.start_time) {
+                // SAFETY: kill(2) on the domain's VMM.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            match child {
+                Some(mut ch) => {
+                    let _ = ch.wait();
+                }
+                None => {
+                    let end = Instant::now() + Duration::from_secs(5);
+                    while alive(pid, r.start_time) && Instant::now() < end {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        self.cleanup(&r)?;
+        self.log(&format!("destroyed domain {}", r.name));
+        Ok(())
+    }
+
+    /// rename: a new unique name.
+    pub fn rename(&self, dom: &str, new: &str) -> Result<()> {
+        let _guard = lock(&self.lifecycle);
+        let r = self.find(dom)?;
+        domus_xlcfg::load("name", &format!("name = '{new}'\nkernel = '/'"), &[])?;
+        if lock(&self.db).all()?.iter().any(|x| x.name == new) {
+            return Err(Error::NameInUse(new.into()));
+        }
+        lock(&self.db).rename(r.id, new)?;
+        self.remember(
+            &Row {
+                name: new.into(),
+                ..r.clone()
+            },
+            "name",
+            new,
+        )?;
+        self.log(&format!("renamed domain {} to {new}", r.name));
+        Ok(())
+    }
+
+    /// Pauses (or, with `false`, resumes) a running domain's vCPUs.
+    pub fn pause(&self, dom: &str, paused: bool) -> Result<()> {
+        let r = self.find(dom)?;
+        let api = self.vmm(&r)?;
+        let done = if paused { api.pause() } else { api.resume() };
+        let info = done.map_err(vmm_error(&r))?;
+        if let Some(l) = lock(&self.live).get_mut(&r.id) {
+            l.paused = info.state == DomainState::Paused;
+        }
+        Ok(())
+    }
+
+    /// Asks the guest to power off or reboot: presses its ACPI power
+    /// button and remembers the request. The domain's on_poweroff or
+    /// on_reboot action applies once the guest has stopped.
+    pub fn shutdown(&self, dom: &str, what: Request) -> Result<()> {
+        let r = self.find(dom)?;
+        self.vmm(&r)?.power_button().map_err(vmm_error(&r))?;
+        if let Some(l) = lock(&self.live).get_mut(&r.id) {
+            l.requested = Some(what);
+        }
+        self.log(&format!(
+            "asked domain {} to {} (power button)",
+            r.name,
+            what.as_str()
+        ));
+        Ok(())
+    }
+
+    /// A running domain's devices, as its VMM shows them.
+    pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>> {
+        let r = self.find(dom)?;
+        self.vmm(&r)?.devices().map_err(vmm_error(&r))
+    }
+}

@@ -1,0 +1,159 @@
+//! Network: the domains' taps (made with `ip`) and interface hot-plug
+//! (network-attach, network-detach).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use domus_api::vmm::{DeviceInfo, PlugRequest, Unplugging};
+
+use crate::{vmm_error, Daemon, Error, Result};
+
+pub(crate) fn ip(args: &[&str]) -> std::io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+impl Daemon {
+    /// The domain's taps that exist now.
+    pub(crate) fn taps(&self, id: i64) -> Vec<String> {
+        let prefix = format!("dm{}{id}n", self.tag);
+        let mut out: Vec<String> = std::fs::read_dir("/sys/class/net")
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| {
+                        n.strip_prefix(&prefix)
+                            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out
+    }
+
+    /// network-attach: a new tap (on the vif's bridge) and a hot-plugged
+    /// interface on it; the vif (with its MAC, made up if not given) joins
+    /// the domain's configuration.
+    pub fn network_attach(&self, dom: &str, spec: &str) -> Result<DeviceInfo> {
+        let r = self.find(dom)?;
+        let mut warnings = Vec::new();
+        let mut vif = domus_xlcfg::parse_vif(spec, &mut warnings).map_err(Error::Invalid)?;
+        let taps = self.taps(r.id);
+        let i = (0..)
+            .find(|i| !taps.contains(&self.tap_name(r.id, *i)))
+            .unwrap_or(0);
+        let tap = self.tap_name(r.id, i);
+        let mac = vif.mac.clone().unwrap_or_else(|| {
+            let mut b = [0u8; 3];
+            // SAFETY: getrandom writes at most b.len() bytes into b.
+            unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+            format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
+        });
+        vif.mac = Some(mac.clone());
+        let c = self.load(&r)?;
+        let mut specs: Vec<String> = c.vifs.iter().map(|v| v.spec()).collect();
+        specs.push(vif.spec());
+        let list = domus_xlcfg::list_value(&specs)
+            .ok_or_else(|| Error::Invalid("a vif cannot hold quotes".into()))?;
+        if r.state != "running" {
+            return Err(Error::WrongState {
+                name: r.name,
+                state: r.state,
+            });
+        }
+        ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+        let made = (|| -> Result<DeviceInfo> {
+            if let Some(br) = &vif.bridge {
+                ip(&["link", "set", &tap, "master", br])?;
+            }
+            ip(&["link", "set", &tap, "up"])?;
+            let mut net = format!("tap={tap},mac={mac}");
+            if let Some(rate) = vif.rate {
+                net.push_str(&format!(",bw={rate}"));
+            }
+            self.vmm(&r)?
+                .plug(&PlugRequest {
+                    disk: None,
+                    net: Some(net),
+                })
+                .map_err(vmm_error(&r))
+        })();
+        let dev = match made {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = ip(&["link", "del", &tap]);
+                return Err(e);
+            }
+        };
+        self.remember(&r, "vif", &list)?;
+        self.log(&format!(
+            "attached interface {} ({mac}, tap {tap}) to domain {}",
+            dev.id, r.name
+        ));
+        Ok(dev)
+    }
+
+    /// network-detach: by index (0 for net0) or MAC. The guest lets go of
+    /// the interface, which leaves with its tap; the vif leaves the
+    /// domain's configuration.
+    pub fn network_detach(&self, dom: &str, which: &str) -> Result<Unplugging> {
+        let r = self.find(dom)?;
+        let api = self.vmm(&r)?;
+        let id = if which.contains(':') {
+            api.devices()
+                .map_err(vmm_error(&r))?
+                .into_iter()
+                .find(|d| d.kind == "net" && d.fact("mac") == which.to_lowercase())
+                .map(|d| d.id)
+                .ok_or_else(|| Error::Invalid(format!("no interface with MAC {which}")))?
+        } else {
+            format!("net{which}")
+        };
+        let d = Self::device(&r, &api, &id, "net")?;
+        let mac = d.fact("mac").to_string();
+        let tap = d.fact("tap").to_string();
+        let v = api.unplug(&id).map_err(vmm_error(&r))?;
+        let c = self.load(&r)?;
+        let mut vifs = c.vifs.clone();
+        let pos = vifs
+            .iter()
+            .position(|x| x.mac.as_deref() == Some(mac.as_str()))
+            .or_else(|| {
+                // A vif without a MAC: its place is its tap's index.
+                tap.rsplit('n').next().and_then(|i| i.parse::<usize>().ok())
+            });
+        if let Some(i) = pos.filter(|i| *i < vifs.len()) {
+            vifs.remove(i);
+        }
+        let specs: Vec<String> = vifs.iter().map(|v| v.spec()).collect();
+        if let Some(list) = domus_xlcfg::list_value(&specs) {
+            self.remember(&r, "vif", &list)?;
+        }
+        // The tap goes once the guest has let go and the VMM closed it (at
+        // most 60 s later; if the guest never does, destroy removes it).
+        let (api, dev) = (api.with_timeout(Duration::from_secs(2)), id.clone());
+        std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < end {
+                match api.device(&dev) {
+                    Ok(_) => std::thread::sleep(Duration::from_millis(200)),
+                    _ => {
+                        let _ = ip(&["link", "del", &tap]);
+                        return;
+                    }
+                }
+            }
+        });
+        self.log(&format!("detaching {id} ({mac}) from domain {}", r.name));
+        Ok(v)
+    }
+}
