@@ -164,7 +164,8 @@ impl VmmClient {
 
     /// Presses the ACPI power button (the guest decides what to do).
     pub fn power_button(&self) -> Result<Pressed, ClientError> {
-        self.conn.call::<(), _>("PUT", "/v1/domain/power-button", None)
+        self.conn
+            .call::<(), _>("PUT", "/v1/domain/power-button", None)
     }
 
     pub fn devices(&self) -> Result<Vec<DeviceInfo>, ClientError> {
@@ -172,7 +173,8 @@ impl VmmClient {
     }
 
     pub fn device(&self, id: &str) -> Result<DeviceInfo, ClientError> {
-        self.conn.call::<(), _>("GET", &format!("/v1/devices/{id}"), None)
+        self.conn
+            .call::<(), _>("GET", &format!("/v1/devices/{id}"), None)
     }
 
     /// Hot-plugs a disk or an interface; the answer names it.
@@ -182,7 +184,8 @@ impl VmmClient {
 
     /// Asks the guest to let go of a disk or an interface.
     pub fn unplug(&self, id: &str) -> Result<Unplugging, ClientError> {
-        self.conn.call::<(), _>("DELETE", &format!("/v1/devices/{id}"), None)
+        self.conn
+            .call::<(), _>("DELETE", &format!("/v1/devices/{id}"), None)
     }
 
     pub fn set_rate_limit(
@@ -190,7 +193,8 @@ impl VmmClient {
         id: &str,
         update: &RateLimitUpdate,
     ) -> Result<DeviceInfo, ClientError> {
-        self.conn.call("PUT", &format!("/v1/devices/{id}/rate-limit"), Some(update))
+        self.conn
+            .call("PUT", &format!("/v1/devices/{id}/rate-limit"), Some(update))
     }
 
     pub fn balloon(&self) -> Result<BalloonInfo, ClientError> {
@@ -199,7 +203,8 @@ impl VmmClient {
 
     /// Asks the guest to keep `target_mib` of its memory.
     pub fn set_balloon(&self, target_mib: u64) -> Result<BalloonInfo, ClientError> {
-        self.conn.call("PUT", "/v1/balloon", Some(&BalloonTarget { target_mib }))
+        self.conn
+            .call("PUT", "/v1/balloon", Some(&BalloonTarget { target_mib }))
     }
 }
 

@@ -293,6 +293,9 @@ pub struct ConsoleChunk {
     /// The console's output: at most 64 KiB, cut at a character's end (a
     /// byte that is not UTF-8 shows as U+FFFD).
     pub data: String,
+    /// The domain has gone away (within the last minute; asked by id): its
+    /// log will not grow, and a reader stops at its end.
+    pub ended: bool,
 }
 
 #[cfg(test)]

@@ -1,23 +1,44 @@
 //! A domain's console through the API: its log, read piece by piece as
 //! `tail -F` does (a restart keeps the last run's log as `console.log.1`
-//! and starts a new one).
+//! and starts a new one). When a domain goes away its log is kept a minute
+//! as `ended/ID.console.log`, so a reader gets to its end (the last lines
+//! of a guest that powers off at once are the ones most wanted).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use domus_api::daemon::ConsoleChunk;
 
-use crate::{domain_dir, Daemon, Result};
+use crate::{domain_dir, Daemon, Error, Result};
 
 /// The most one answer carries.
 const CHUNK: usize = 64 << 10;
+
+/// How long an ended domain's console log is kept.
+const KEEP_ENDED: Duration = Duration::from_secs(60);
 
 impl Daemon {
     /// The piece of domain `dom`'s console log after byte `from` of the log
     /// `file` (an inode number; None: the current log from `from`).
     pub fn console(&self, dom: &str, file: Option<u64>, from: u64) -> Result<ConsoleChunk> {
-        let r = self.find(dom)?;
+        let r = match self.find(dom) {
+            Ok(r) => r,
+            // A domain that ended within the last minute, asked by id.
+            Err(Error::NoSuchDomain(_)) => {
+                let kept = dom.parse::<i64>().ok().map(|id| self.ended_console(id));
+                return match kept.filter(|p| p.exists()) {
+                    Some(p) => {
+                        let mut c = read_chunk(&p, from)?;
+                        c.ended = true;
+                        Ok(c)
+                    }
+                    None => Err(Error::NoSuchDomain(dom.into())),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let dir = domain_dir(&self.state, r.id);
         let (now, last) = (dir.join("console.log"), dir.join("console.log.1"));
         let ino = |p: &Path| std::fs::metadata(p).ok().map(|m| m.ino());
@@ -30,6 +51,36 @@ impl Daemon {
             Some(_) => (now, 0),
         };
         read_chunk(&path, from)
+    }
+
+    fn ended_console(&self, id: i64) -> PathBuf {
+        self.state.join("ended").join(format!("{id}.console.log"))
+    }
+
+    /// Keeps the console log of domain `id`, which is going away, for
+    /// [`KEEP_ENDED`] (the same file: a reader's offsets hold).
+    pub(crate) fn keep_console(&self, id: i64) {
+        let to = self.ended_console(id);
+        let from = domain_dir(&self.state, id).join("console.log");
+        if from.exists() && std::fs::create_dir_all(to.parent().unwrap_or(&self.state)).is_ok() {
+            let _ = std::fs::rename(from, to);
+        }
+    }
+
+    /// Removes the kept console logs that are older than [`KEEP_ENDED`].
+    pub(crate) fn sweep_consoles(&self) {
+        let Ok(dir) = std::fs::read_dir(self.state.join("ended")) else {
+            return;
+        };
+        for e in dir.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().unwrap_or_default() > KEEP_ENDED);
+            if old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 }
 
@@ -49,6 +100,7 @@ fn read_chunk(path: &Path, from: u64) -> Result<ConsoleChunk> {
                 from: 0,
                 next: 0,
                 data: String::new(),
+                ended: false,
             })
         }
         Err(e) => return Err(e.into()),
@@ -72,6 +124,7 @@ fn read_chunk(path: &Path, from: u64) -> Result<ConsoleChunk> {
         from,
         next: from + keep as u64,
         data: String::from_utf8_lossy(&buf).into_owned(),
+        ended: false,
     })
 }
 
@@ -102,5 +155,30 @@ mod tests {
         let none = read_chunk(&dir.join("nothing"), 5).unwrap();
         assert_eq!((none.next, none.data.as_str()), (0, ""));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn an_ended_domains_log_is_read_to_its_end_by_id() {
+        let state = std::env::temp_dir().join(format!("domus-ended-{}", std::process::id()));
+        let d = Daemon::open(state.clone(), "/bin/false".into(), 0).unwrap();
+        let dir = domain_dir(&state, 5);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("console.log"), "bye\n").unwrap();
+        d.keep_console(5);
+        let c = d.console("5", None, 0).unwrap();
+        assert_eq!((c.data.as_str(), c.ended), ("bye\n", true));
+        let c = d.console("5", Some(c.file), c.next).unwrap();
+        assert_eq!((c.data.as_str(), c.ended), ("", true), "read to its end");
+        assert!(matches!(
+            d.console("6", None, 0),
+            Err(Error::NoSuchDomain(_))
+        ));
+        assert!(matches!(
+            d.console("ghost", None, 0),
+            Err(Error::NoSuchDomain(_))
+        ));
+        d.sweep_consoles();
+        assert!(d.ended_console(5).exists(), "kept for a minute");
+        let _ = std::fs::remove_dir_all(state);
     }
 }

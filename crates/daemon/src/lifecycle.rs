@@ -346,6 +346,9 @@ impl Daemon {
                 self.waker.wake();
             }
         }
+        // Its console log outlives it a minute, for a `console` still
+        // reading it (crate::console).
+        self.keep_console(r.id);
         let _ = std::fs::remove_dir_all(domain_dir(&self.state, r.id));
         lock(&self.db).delete(r.id)?;
         // A VMM still running here was started by a create that raced this

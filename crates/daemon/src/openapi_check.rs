@@ -103,6 +103,7 @@ fn the_answers_match_their_schemas() {
         from: 0,
         next: 3,
         data: "ok\n".into(),
+        ended: false,
     };
     check("ConsoleChunk", &[sample(&chunk)]);
     let gone = Unplugging {

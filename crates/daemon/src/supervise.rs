@@ -225,6 +225,7 @@ impl Daemon {
         let due = {
             let _guard = lock(&self.lifecycle);
             self.sweep_cgroups();
+            self.sweep_consoles();
             self.reap()
         };
         for r in due {

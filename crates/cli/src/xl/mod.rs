@@ -419,14 +419,19 @@ pub struct ConsoleArgs {
 }
 
 /// Follows a domain's console through the daemon's API until the domain
-/// goes away (read-only: the console of a daemon-managed domain goes to its
-/// log; after a restart, the new run's log follows the old one's end).
+/// has gone away and its log has been read to the end (read-only: the
+/// console of a daemon-managed domain goes to its log; after a restart, the
+/// new run's log follows the old one's end).
 pub fn console(a: ConsoleArgs) -> ExitCode {
     verb(|| {
         use std::io::Write;
         let c = a.state.client()?;
-        // By id: a rename must not end the stream.
-        let id = c.domain(&a.domain).map_err(failed)?.id.to_string();
+        // By id: a rename must not end the stream, and a domain that has
+        // ended already (a brief `create -c`) still shows its last output.
+        let id = match a.domain.parse::<i64>() {
+            Ok(id) => id.to_string(),
+            Err(_) => c.domain(&a.domain).map_err(failed)?.id.to_string(),
+        };
         let (mut file, mut from) = (None, 0);
         loop {
             let piece = match c.console(&id, file, from) {
@@ -437,6 +442,9 @@ pub fn console(a: ConsoleArgs) -> ExitCode {
             let mut out = std::io::stdout();
             let _ = out.write_all(piece.data.as_bytes());
             let _ = out.flush();
+            if piece.ended && piece.data.is_empty() {
+                return Ok(ExitCode::SUCCESS);
+            }
             let idle = piece.next == piece.from && Some(piece.file) == file;
             (file, from) = (Some(piece.file), piece.next);
             if idle {

@@ -2,6 +2,8 @@
 //! limits changed at run time, and bad requests refused.
 
 use crate::*;
+use domus_api::client::VmmClient;
+use domus_api::vmm::{DomainState, RateLimit, RateLimitUpdate};
 
 /// CPU time (user + system, clock ticks) of thread `tid` of process `pid`.
 fn thread_ticks(pid: u64, tid: u64) -> u64 {
@@ -22,42 +24,35 @@ fn api_pauses_resumes_counts_and_changes_limits() {
         .api_socket(&sock)
         .args(["--name", "api-test"]);
     let mut checked = Vec::new();
+    let vmm = VmmClient::new(&sock);
     let r = vm.run_watching(|line| match line {
         "phase=spin" => {
-            let (s, info) = api(&sock, "GET", "/v1/domain", None);
-            assert_eq!(s, 200, "{info}");
-            assert_eq!(info["name"], "api-test");
-            assert_eq!(info["state"], "running");
-            assert_eq!(info["vcpus"], 1);
-            assert_eq!(info["memory_mib"], 256);
-            let pid = info["pid"].as_u64().unwrap();
-            let tid = info["vcpu_tids"][0].as_u64().unwrap();
+            let info = vmm.domain().unwrap();
+            assert_eq!(info.name, "api-test");
+            assert_eq!(info.state, DomainState::Running);
+            assert_eq!((info.vcpus, info.memory_mib), (1, 256));
+            let (pid, tid) = (u64::from(info.pid), info.vcpu_tids[0] as u64);
             let spent = |ms| {
                 let a = thread_ticks(pid, tid);
                 std::thread::sleep(Duration::from_millis(ms));
                 thread_ticks(pid, tid) - a
             };
             assert!(spent(1000) >= 20, "the spinning vCPU used no CPU");
-            let (s, v) = api(&sock, "PUT", "/v1/domain/pause", None);
-            assert_eq!((s, v["state"].as_str()), (200, Some("paused")), "{v}");
+            assert_eq!(vmm.pause().unwrap().state, DomainState::Paused);
             let paused = spent(1500);
             assert!(paused <= 2, "a paused vCPU used {paused} ticks");
-            assert_eq!(api(&sock, "GET", "/v1/domain", None).1["state"], "paused");
-            let (s, v) = api(&sock, "PUT", "/v1/domain/resume", None);
-            assert_eq!((s, v["state"].as_str()), (200, Some("running")), "{v}");
+            assert_eq!(vmm.domain().unwrap().state, DomainState::Paused);
+            assert_eq!(vmm.resume().unwrap().state, DomainState::Running);
             assert!(spent(1000) >= 20, "the resumed vCPU used no CPU");
             checked.push("pause");
         }
         "phase=written" => {
-            let (s, d) = api(&sock, "GET", "/v1/devices/vda", None);
-            assert_eq!(s, 200, "{d}");
-            assert_eq!(d["type"], "block");
-            assert!(
-                d["counters"]["write_bytes"].as_u64().unwrap() >= 4 << 20,
-                "{d}"
-            );
-            assert!(d["counters"]["write_ops"].as_u64().unwrap() >= 4, "{d}");
-            assert_eq!(d["rate_limit"]["bandwidth"], 64 << 20);
+            let d = vmm.device("vda").unwrap();
+            assert_eq!(d.kind, "block");
+            assert!(d.counter("write_bytes") >= 4 << 20, "{d:?}");
+            assert!(d.counter("write_ops") >= 4, "{d:?}");
+            let limit = |d: &domus_api::vmm::DeviceInfo| d.rate_limit.unwrap_or_default();
+            assert_eq!(limit(&d).bandwidth, Some(64 << 20));
             // Bad requests: a 4xx with a message, and nothing changes.
             for (m, p, b, want) in [
                 (
@@ -74,34 +69,30 @@ fn api_pauses_resumes_counts_and_changes_limits() {
                 ("GET", "/v1/balloon", "", 404),
                 ("GET", "/nope", "", 404),
             ] {
-                let (s, v) = api(&sock, m, p, (!b.is_empty()).then_some(b));
-                assert_eq!(s, want, "{m} {p} {b}: {v}");
-                assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+                // Sent as written: these bodies are what the types refuse.
+                let (status, text) =
+                    domus_http::request(&sock, m, p, (!b.is_empty()).then_some(b)).unwrap();
+                assert_eq!(status, want, "{m} {p} {b}: {text}");
+                let e: domus_api::ErrorBody = serde_json::from_str(&text).unwrap();
+                assert!(!e.error.is_empty(), "{text}");
             }
-            let (_, d) = api(&sock, "GET", "/v1/devices/vda", None);
+            let d = vmm.device("vda").unwrap();
             assert_eq!(
-                d["rate_limit"]["bandwidth"],
-                64 << 20,
+                limit(&d).bandwidth,
+                Some(64 << 20),
                 "changed by a bad request"
             );
-            let (s, d) = api(
-                &sock,
-                "PUT",
-                "/v1/devices/vda/rate-limit",
-                Some("{\"bandwidth\": null, \"iops\": 500}"),
-            );
-            assert_eq!(s, 200, "{d}");
-            assert_eq!(
-                d["rate_limit"],
-                serde_json::json!({"bandwidth": null, "iops": 500})
-            );
-            let (_, all) = api(&sock, "GET", "/v1/devices", None);
-            let ids: Vec<&str> = all
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d["id"].as_str().unwrap())
-                .collect();
+            let update = RateLimitUpdate {
+                bandwidth: Some(None),
+                iops: Some(Some(500)),
+            };
+            let d = vmm.set_rate_limit("vda", &update).unwrap();
+            let want = RateLimit {
+                bandwidth: None,
+                iops: Some(500),
+            };
+            assert_eq!(limit(&d), want);
+            let ids: Vec<String> = vmm.devices().unwrap().into_iter().map(|d| d.id).collect();
             assert_eq!(ids, ["vda", "rng0"]);
             // The server serves the committed OpenAPI document.
             let (s, doc) = api(&sock, "GET", "/openapi.json", None);

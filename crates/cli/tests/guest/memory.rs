@@ -1,6 +1,7 @@
 //! Guest memory: prefaulted at start, and given back through the balloon.
 
 use crate::*;
+use domus_api::client::VmmClient;
 
 /// The VMM's resident memory in KiB; the VMM must still be running.
 fn vm_rss_kib(pid: u64) -> u64 {
@@ -20,8 +21,8 @@ fn prefault_commits_guest_memory_at_start() {
     let mut rss_mib = 0;
     let r = vm.run_watching(|line| {
         if line == "phase=up" {
-            let pid = api(&sock, "GET", "/v1/domain", None).1["pid"].as_u64();
-            rss_mib = vm_rss_kib(pid.unwrap()) >> 10;
+            let pid = VmmClient::new(&sock).domain().unwrap().pid;
+            rss_mib = vm_rss_kib(pid.into()) >> 10;
         }
     });
     assert_clean_poweroff(&r);
@@ -52,11 +53,10 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
         .api_socket(&sock);
     let (mut filled_rss, mut lowest_rss, mut pid) = (0, u64::MAX, 0);
     let mut inflated = None;
+    let vmm = VmmClient::new(&sock);
     let r = vm.run_watching(|line| match line {
         "phase=filled" => {
-            pid = api(&sock, "GET", "/v1/domain", None).1["pid"]
-                .as_u64()
-                .unwrap();
+            pid = vmm.domain().unwrap().pid.into();
             filled_rss = vm_rss_kib(pid);
         }
         "phase=freed" => {
@@ -66,24 +66,20 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
                 std::thread::sleep(Duration::from_millis(250));
                 lowest_rss = lowest_rss.min(vm_rss_kib(pid));
             }
-            let (s, b) = api(&sock, "GET", "/v1/balloon", None);
-            assert_eq!(s, 200, "{b}");
-            assert!(b["reported_bytes"].as_u64().unwrap() >= 150 << 20, "{b}");
-            assert!(
-                b["statistics"]["total_memory"].as_u64().unwrap() > 256 << 20,
-                "{b}"
-            );
+            let b = vmm.balloon().unwrap();
+            assert!(b.reported_bytes >= 150 << 20, "{b:?}");
+            let total = b.statistics.get("total_memory").copied().unwrap_or(0);
+            assert!(total > 256 << 20, "{b:?}");
             // Inflate: the guest keeps 384 MiB of its 512.
-            let (s, b) = api(&sock, "PUT", "/v1/balloon", Some("{\"target_mib\": 384}"));
-            assert_eq!((s, b["target_mib"].as_u64()), (200, Some(384)), "{b}");
-            let (s, _) = api(&sock, "PUT", "/v1/balloon", Some("{\"target_mib\": 4096}"));
-            assert_eq!(s, 400);
+            assert_eq!(vmm.set_balloon(384).unwrap().target_mib, 384);
+            let e = vmm.set_balloon(4096).unwrap_err();
+            assert_eq!(e.status(), Some(400), "{e}");
             // The guest gives up 128 MiB a page-frame batch at a time; in
             // the nested test host that has taken over 10 s.
             let end = Instant::now() + Duration::from_secs(20);
             while Instant::now() < end {
-                let b = api(&sock, "GET", "/v1/balloon", None).1;
-                if b["balloon_actual_mib"].as_u64() == Some(128) {
+                let b = vmm.balloon().unwrap();
+                if b.balloon_actual_mib == 128 {
                     inflated = Some(b);
                     break;
                 }
@@ -102,7 +98,7 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
         lowest_rss >> 10
     );
     let b = inflated.expect("the balloon did not reach 128 MiB in 20 s");
-    assert_eq!(b["actual_mib"], 384, "{b}");
+    assert_eq!(b.actual_mib, 384, "{b:?}");
     // The guest's memory shrank by the balloon (no deflate-on-OOM).
     assert!(value(&r, "memtotal") < 400 << 10, "{r}");
     let _ = std::fs::remove_dir_all(dir);

@@ -24,9 +24,7 @@ fn daemon_hot_plugs_disks_and_interfaces() {
     let cfg = domain_config(&dir, "hp", 128, &format!("domus.cmd={}", base64(cmd)), "");
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    let (_, l, _) = domus_cli(&state, &["list", "--json"]);
-    let l: serde_json::Value = serde_json::from_str(&l).unwrap();
-    let id = l[1]["id"].as_u64().unwrap();
+    let id = find(&state, "hp").expect("hp is listed").id;
     let console = state.join(format!("domains/{id}/console.log"));
     let fresh = || {
         // Only what the guest prints from now on counts.
@@ -151,9 +149,8 @@ fn daemon_mem_set_shrinks_the_guest_and_the_vmm() {
     );
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    let (_, l, _) = domus_cli(&state, &["list", "--json"]);
-    let l: serde_json::Value = serde_json::from_str(&l).unwrap();
-    let (id, pid) = (l[1]["id"].as_u64().unwrap(), l[1]["pid"].as_u64().unwrap());
+    let d = find(&state, "m").expect("m is listed");
+    let (id, pid) = (d.id, d.pid.expect("m runs") as u64);
     let console = state.join(format!("domains/{id}/console.log"));
     assert!(wait_for_text(&console, "memtotal=", 1, 90));
     let memtotal = || -> u64 {

@@ -51,33 +51,16 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     );
     assert!(!ok && err.contains("exists"), "{err}");
 
-    let list = |state: &std::path::Path| -> Vec<serde_json::Value> {
-        let (ok, out, err) = domus_cli(state, &["list", "--json"]);
-        assert!(ok, "{err}");
-        serde_json::from_str::<serde_json::Value>(&out)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .clone()
-    };
     let l = list(&state);
     assert_eq!(l.len(), 9, "{l:?}");
-    assert_eq!(l[0]["name"], "Domain-0");
+    assert_eq!((l[0].id, l[0].name.as_str()), (0, "Domain-0"));
     for (d, n) in l[1..].iter().zip(names) {
-        assert_eq!(
-            (d["name"].as_str(), d["state"].as_str()),
-            (Some(n), Some("running")),
-            "{d}"
-        );
+        assert_eq!((d.name.as_str(), d.state), (n, State::Running), "{d:?}");
     }
-    let pids: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+    let pids: Vec<u64> = l[1..].iter().map(|d| d.pid.unwrap() as u64).collect();
 
     // Pause stops the domain's CPU time; unpause lets it grow again.
-    let cpu = |n: &str| {
-        list(&state).iter().find(|d| d["name"] == n).unwrap()["vcpu_time_s"]
-            .as_f64()
-            .unwrap()
-    };
+    let cpu = |n: &str| find(&state, n).unwrap().vcpu_time_s;
     assert!(domus_cli(&state, &["pause", "dom-a"]).0);
     let a = cpu("dom-a");
     std::thread::sleep(Duration::from_millis(1500));
@@ -107,13 +90,13 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let end = Instant::now() + Duration::from_secs(30);
     let l = loop {
         let l = list(&state);
-        if l[1..].iter().all(|d| d["state"] == "running") || Instant::now() > end {
+        if l[1..].iter().all(|d| d.state == State::Running) || Instant::now() > end {
             break l;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(l[1..].iter().all(|d| d["state"] == "running"), "{l:?}");
-    let again: Vec<u64> = l[1..].iter().map(|d| d["pid"].as_u64().unwrap()).collect();
+    assert!(l[1..].iter().all(|d| d.state == State::Running), "{l:?}");
+    let again: Vec<u64> = l[1..].iter().map(|d| d.pid.unwrap() as u64).collect();
     for ((n, p), q) in names.iter().zip(&pids).zip(&again) {
         assert!(
             p == q || reset().contains(&n.to_string()),
@@ -154,23 +137,21 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     assert!(domus_cli(&state, &["vcpu-pin", "dom-c", "0", "0"]).0);
     let (ok, out, err) = domus_cli(&state, &["vcpu-list", "dom-c", "--json"]);
     assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v[0]["affinity"], "0", "{v}");
+    let v: Vec<domus_api::daemon::Vcpu> = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0].affinity.as_deref(), Some("0"), "{v:?}");
     let (ok, _, err) = domus_cli(&state, &["vcpu-pin", "dom-c", "0", "99"]);
     assert!(!ok && err.contains("does not exist"), "{err}");
     let (ok, out, err) = domus_cli(&state, &["top", "--once", "--json"]);
     assert!(ok, "{err}");
-    let top: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let a = top
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == "dom-a")
-        .unwrap();
-    assert!(
-        a["vcpu_pct"].as_f64().unwrap() > 5.0,
-        "a spinning domain: {a}"
-    );
+    // top's own JSON (not an API type): name and vcpu_pct of each domain.
+    #[derive(serde::Deserialize)]
+    struct Top {
+        name: String,
+        vcpu_pct: f64,
+    }
+    let top: Vec<Top> = serde_json::from_str(&out).unwrap();
+    let a = top.iter().find(|d| d.name == "dom-a").unwrap();
+    assert!(a.vcpu_pct > 5.0, "a spinning domain: {out}");
     let (s, m) = domus_http::request(&state.join("domusd.sock"), "GET", "/metrics", None).unwrap();
     assert_eq!(s, 200);
     for n in names {
@@ -185,13 +166,8 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let names = [
         "dom-a", "dom-b", "dom-z", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
     ];
-    let info = |state: &std::path::Path| -> serde_json::Value {
-        let (ok, out, err) = domus_cli(state, &["info", "--json"]);
-        assert!(ok, "{err}");
-        serde_json::from_str(&out).unwrap()
-    };
     assert_eq!(
-        info(&state)["domain_memory_mib"],
+        info(&state).domain_memory_mib,
         7 * 192 + 160,
         "mem-set dom-b to 160"
     );
@@ -208,7 +184,7 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
         );
     }
     assert_eq!(list(&state).len(), 1);
-    assert_eq!(info(&state)["domain_memory_mib"], 0, "reservations left");
+    assert_eq!(info(&state).domain_memory_mib, 0, "reservations left");
     assert_eq!(
         std::fs::read_dir(state.join("domains")).unwrap().count(),
         0,
@@ -260,16 +236,13 @@ fn daemon_50_concurrent_creates_and_destroys_leave_nothing_behind() {
         assert!([201, 204, 404, 500].contains(&status), "{status}");
     }
     // Whatever survived the race goes now.
-    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
-    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for d in l.as_array().unwrap().iter().filter(|d| d["id"] != 0) {
-        let (ok, _, err) = domus_cli(&state, &["destroy", d["name"].as_str().unwrap()]);
+    for d in list(&state).iter().filter(|d| d.id != 0) {
+        let (ok, _, err) = domus_cli(&state, &["destroy", &d.name]);
         assert!(ok, "{err}");
     }
     std::thread::sleep(Duration::from_millis(500));
-    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
-    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
+    let l = list(&state);
+    assert_eq!(l.len(), 1, "{l:?}");
     // No VMM, files, reservations or cgroups left.
     let ps = Command::new("pgrep")
         .args(["-f", &format!("api-socket {}", state.display())])
@@ -285,9 +258,7 @@ fn daemon_50_concurrent_creates_and_destroys_leave_nothing_behind() {
         0,
         "files left"
     );
-    let (_, out, _) = domus_cli(&state, &["info", "--json"]);
-    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(info["domain_memory_mib"], 0);
+    assert_eq!(info(&state).domain_memory_mib, 0);
     assert_no_cgroups_left(&state);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
@@ -299,18 +270,8 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     let dir = scratch("power");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);
-    let console_of = |id: u64| state.join(format!("domains/{id}/console.log"));
-    let describe = |dom: &str| -> serde_json::Value {
-        let (ok, out, err) = domus_cli(&state, &["list", "--json"]);
-        assert!(ok, "{err}");
-        let l: serde_json::Value = serde_json::from_str(&out).unwrap();
-        l.as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["name"] == dom)
-            .cloned()
-            .unwrap_or(serde_json::Value::Null)
-    };
+    let console_of = |id: i64| state.join(format!("domains/{id}/console.log"));
+    let describe = |dom: &str| find(&state, dom);
 
     // create -c follows the console until the domain goes away.
     let cfg = spin_config(&dir, "brief", "", "echo hello-from-the-console");
@@ -318,7 +279,7 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("hello-from-the-console"), "{out}");
     assert!(
-        describe("brief").is_null(),
+        describe("brief").is_none(),
         "on_poweroff=destroy removes it"
     );
 
@@ -327,14 +288,14 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     let long = "echo guest-up; sleep 600";
     let cfg = spin_config(&dir, "down", "", long);
     assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
-    let id = describe("down")["id"].as_u64().unwrap();
+    let id = describe("down").unwrap().id;
     assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
     let t = Instant::now();
     let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "down"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("has shut down"), "{out}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    assert!(describe("down").is_null());
+    assert!(describe("down").is_none());
     let (_, log, _) = domus_cli(&state, &["dmesg"]);
     assert!(log.contains("asked domain down to poweroff"), "{log}");
     assert!(log.contains("domain down powered off"), "{log}");
@@ -353,8 +314,8 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     );
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    let d = describe("again");
-    let (id, pid) = (d["id"].as_u64().unwrap(), d["pid"].clone());
+    let d = describe("again").unwrap();
+    let (id, pid) = (d.id, d.pid);
     let (ok, _, err) = domus_cli(&state, &["mem-max", "again", "100"]);
     assert!(
         !ok && err.contains("below") && err.contains("128 MiB"),
@@ -363,7 +324,7 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     let (ok, out, err) = domus_cli(&state, &["mem-max", "again", "192M"]);
     assert!(ok, "{err}");
     assert!(out.contains("until its next start"), "{out}");
-    assert_eq!(describe("again")["maxmem_mib"], 192);
+    assert_eq!(describe("again").unwrap().maxmem_mib, Some(192));
     let cg = std::path::Path::new("/sys/fs/cgroup/domus")
         .join(format!("{}-d{id}", domus_daemon::instance_tag(&state)));
     let memory_max = || {
@@ -384,13 +345,10 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
     let (ok, out, err) = domus_cli(&state, &["block-list", "again", "--json"]);
     assert!(ok, "{err}");
-    let disks: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(disks.as_array().unwrap().len(), 1, "{disks}");
-    assert_eq!(disks[0]["id"], "vda");
-    assert!(
-        disks[0]["counters"]["read_bytes"].as_u64().unwrap() >= 65536,
-        "{disks}"
-    );
+    let disks: Vec<domus_api::vmm::DeviceInfo> = serde_json::from_str(&out).unwrap();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    assert_eq!(disks[0].id, "vda");
+    assert!(disks[0].counter("read_bytes") >= 65536, "{disks:?}");
     let (ok, out, _) = domus_cli(&state, &["block-list", "again"]);
     assert!(
         ok && out.contains("vda") && out.contains("again.img"),
@@ -410,11 +368,11 @@ fn daemon_shutdown_reboot_mem_max_device_lists_and_create_console() {
     let (ok, out, err) = domus_cli(&state, &["reboot", "-w", "again"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("has rebooted"), "{out}");
-    let d = describe("again");
-    assert_eq!(d["state"], "running");
-    assert_ne!(d["pid"], pid);
-    assert_eq!(d["restarts"], 1);
-    assert!(d["shutdown_requested"].is_null(), "{d}");
+    let d = describe("again").unwrap();
+    assert_eq!(d.state, State::Running);
+    assert_ne!(d.pid, pid);
+    assert_eq!(d.restarts, 1);
+    assert!(d.shutdown_requested.is_none(), "{d:?}");
     assert!(
         wait_for_text(&console_of(id), "guest-up", 1, 60),
         "the guest boots again"

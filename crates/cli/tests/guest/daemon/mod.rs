@@ -6,6 +6,7 @@ mod lifecycle;
 mod scheduling;
 
 use crate::*;
+use domus_api::daemon::{Domain, Info, State};
 
 /// Runs `domus VERB ARGS...` against the daemon in `state`.
 fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
@@ -19,6 +20,25 @@ fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).to_string(),
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
+}
+
+/// `domus list --json`, read as the API's type (Domain-0 first).
+fn list(state: &std::path::Path) -> Vec<Domain> {
+    let (ok, out, err) = domus_cli(state, &["list", "--json"]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The domain named `name` as `list` shows it, if it is there.
+fn find(state: &std::path::Path, name: &str) -> Option<Domain> {
+    list(state).into_iter().find(|d| d.name == name)
+}
+
+/// `domus info --json`, read as the API's type.
+fn info(state: &std::path::Path) -> Info {
+    let (ok, out, err) = domus_cli(state, &["info", "--json"]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
 /// A daemon a test started. Its log (stderr) goes to `daemon.log` beside the

@@ -26,18 +26,9 @@ fn exclusive_daemon_weights_share_one_cpu_caps_hold_and_crashes_restart() {
     );
     assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
     let sample = || -> std::collections::HashMap<String, f64> {
-        let (_, out, _) = domus_cli(&state, &["list", "--json"]);
-        serde_json::from_str::<serde_json::Value>(&out)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| {
-                (
-                    d["name"].as_str().unwrap().to_string(),
-                    d["vcpu_time_s"].as_f64().unwrap_or(0.0),
-                )
-            })
+        list(&state)
+            .into_iter()
+            .map(|d| (d.name, d.vcpu_time_s))
             .collect()
     };
     // Let them boot, then measure 20 s.
@@ -62,15 +53,8 @@ fn exclusive_daemon_weights_share_one_cpu_caps_hold_and_crashes_restart() {
         capped * 100.0
     );
     // The crashing domain has been restarted at least once.
-    let (_, out, _) = domus_cli(&state, &["list", "--json"]);
-    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let c = l
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == "crashy")
-        .expect("crashy was not kept");
-    assert!(c["restarts"].as_i64().unwrap() >= 1, "{c}");
+    let c = find(&state, "crashy").expect("crashy was not kept");
+    assert!(c.restarts >= 1, "{c:?}");
     let (_, log, _) = domus_cli(&state, &["dmesg"]);
     assert!(
         log.contains("domain crashy crashed") && log.contains("restarted domain crashy"),
