@@ -409,11 +409,12 @@ mod tests {
             ("GET", "/v1/balloon") => Response::json(200, r#"{"target_mib": "lots"}"#),
             ("POST", "/v1/devices") => {
                 let p: PlugRequest = crate::parse_body(&req.body).unwrap_or_default();
+                let path = p.disk.map(|d| d.path.display().to_string());
                 Response::json(
                     201,
                     format!(
                         r#"{{"id":"vdb","type":"block","info":{{"path":{:?}}},"counters":{{}},"rate_limit":null}}"#,
-                        p.disk.unwrap_or_default()
+                        path.unwrap_or_default()
                     ),
                 )
             }
@@ -438,7 +439,10 @@ mod tests {
         assert!(matches!(e, ClientError::Decode { .. }), "{e}");
         let plugged = api
             .plug(&PlugRequest {
-                disk: Some("/img/b".into()),
+                disk: Some(crate::spec::DiskSpec {
+                    path: "/img/b".into(),
+                    ..Default::default()
+                }),
                 net: None,
             })
             .unwrap();

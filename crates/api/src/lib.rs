@@ -10,11 +10,15 @@
 //! - [`daemon`]: the daemon's API (`domusd.sock`), documented in
 //!   `api/daemon.openapi.json`, and its typed client
 //!   ([`client::DaemonClient`]).
+//! - [`spec`]: what a domain is made of ([`spec::VmSpec`], which
+//!   `domus run --config` reads), its disks and interfaces, in JSON or in
+//!   the command-line syntax, parsed and checked once.
 //! - [`openapi`]: checks of both documents' schemas against these types.
 
 pub mod client;
 pub mod daemon;
 pub mod openapi;
+pub mod spec;
 pub mod vmm;
 
 use serde::de::DeserializeOwned;

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::spec::{DiskSpec, NetSpec};
+
 /// What a running VMM's domain is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -117,17 +119,23 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Er
     Option::<u64>::deserialize(d).map(Some)
 }
 
-/// `POST /v1/devices`: exactly one of `disk` or `net`, written as
-/// `domus run --disk` and `--net` take them.
+/// `POST /v1/devices`: exactly one of `disk` or `net`, each an object or
+/// in the syntax of `domus run --disk` and `--net` (see [`crate::spec`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlugRequest {
-    /// `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk: Option<String>,
-    /// `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub net: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "crate::spec::either_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub disk: Option<DiskSpec>,
+    #[serde(
+        default,
+        deserialize_with = "crate::spec::either_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub net: Option<NetSpec>,
 }
 
 /// `PUT /v1/domain/vcpu-pin`: lets one vCPU (or, with `vcpu` left out,

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 mod xl;
 
 use clap::{Parser, Subcommand};
+use domus_api::spec::{ConsoleSpec, DiskSpec, NetSpec, VmSpec};
+use domus_vmm::config::io_reason;
 use domus_vmm::vm::{EXIT_BAD_INPUT, EXIT_VMM_ERROR};
-use domus_vmm::{Console, VmConfig};
+use domus_vmm::VmConfig;
 
 #[derive(Parser)]
 #[command(
@@ -113,9 +115,19 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    /// Everything below as one JSON document instead of flags: a VM spec
+    /// (domus-api's VmSpec: kernel, initrd, cmdline, vcpus, memory_mib,
+    /// console, disks, nets, vsock_cid, rng, balloon, prefault, api_socket,
+    /// name, exit_file; disks and nets as objects or in the flags' syntax).
+    /// An unknown field is refused by name.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "kernel", "initrd", "cmdline", "vcpus", "memory", "console", "disk", "net", "vsock",
+        "no_rng", "balloon", "prefault", "api_socket", "name", "exit_file",
+    ])]
+    config: Option<PathBuf>,
     /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
-    #[arg(long, value_name = "PATH")]
-    kernel: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "config")]
+    kernel: Option<PathBuf>,
     /// Initial ramdisk (cpio archive, compressed or not).
     #[arg(long, value_name = "PATH")]
     initrd: Option<PathBuf>,
@@ -126,24 +138,24 @@ struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     vcpus: u32,
     /// Guest memory: 256M, 1G, or plain MiB.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = domus_vmm::config::parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = domus_api::spec::parse_size)]
     memory: u64,
     /// Where the serial console goes: stdout, file:PATH or none.
     #[arg(long, value_name = "WHERE", default_value = "stdout")]
-    console: Console,
+    console: ConsoleSpec,
     /// A virtio-blk disk on a raw image file (repeatable; the guest sees
     /// /dev/vda, /dev/vdb, ... in order). Options: ro (read-only), id=NAME
     /// (its serial, 20 characters at most), bw=SIZE (bytes per second, for
     /// example 10M), iops=N.
-    #[arg(long, value_name = "PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]", value_parser = domus_vmm::config::parse_disk)]
-    disk: Vec<domus_virtio::block::DiskConfig>,
+    #[arg(long, value_name = "PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]")]
+    disk: Vec<DiskSpec>,
     /// A virtio-net interface on a tap device (repeatable; the guest sees
     /// eth0, eth1, ... in order). The tap is opened if it exists (put it on
     /// a bridge first) and created otherwise. Options: mac=MAC (default
     /// 52:54:00 and a hash of the tap name), bw=SIZE (bytes per second),
     /// pps=N (packets per second), both directions together.
-    #[arg(long, value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]", value_parser = domus_vmm::config::parse_net)]
-    net: Vec<domus_virtio::net::NetConfig>,
+    #[arg(long, value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]")]
+    net: Vec<NetSpec>,
     /// A virtio-vsock device with this context id, on the host's
     /// vhost-vsock: host programs connect to (CID, port) with AF_VSOCK
     /// sockets, and the guest reaches host listeners at CID 2.
@@ -190,14 +202,19 @@ struct KitArgs {
     force: bool,
 }
 
-fn run(args: RunArgs) -> ExitCode {
-    let exit_file = args.exit_file;
-    let cfg = VmConfig {
-        kernel: args.kernel,
+/// The VM spec `domus run` was given: its --config file, or its flags.
+fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
+    if let Some(path) = &args.config {
+        let text =
+            std::fs::read(path).map_err(|e| format!("{}: {}", path.display(), io_reason(&e)))?;
+        return domus_api::parse_body(&text).map_err(|e| format!("{}: {e}", path.display()));
+    }
+    Ok(VmSpec {
+        kernel: args.kernel.ok_or("--kernel is needed (or --config)")?,
         initrd: args.initrd,
         cmdline: args.cmdline,
         vcpus: args.vcpus,
-        memory: args.memory,
+        memory_mib: args.memory.div_ceil(1 << 20),
         console: args.console,
         disks: args.disk,
         nets: args.net,
@@ -207,6 +224,17 @@ fn run(args: RunArgs) -> ExitCode {
         prefault: args.prefault,
         api_socket: args.api_socket,
         name: args.name,
+        exit_file: args.exit_file,
+    })
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let Some((cfg, exit_file)) = run_spec(args)
+        .and_then(|s| VmConfig::from_spec(&s).map(|c| (c, s.exit_file)))
+        .map_err(|e| eprintln!("domus: {e}"))
+        .ok()
+    else {
+        return ExitCode::from(EXIT_BAD_INPUT as u8);
     };
     let (code, why) = match domus_vmm::run(&cfg) {
         Ok(reason) => {
@@ -236,6 +264,20 @@ fn run(args: RunArgs) -> ExitCode {
         }
     }
     ExitCode::from(code as u8)
+}
+
+/// The log (`tracing`): one line per event on stderr, with its level and
+/// fields (a domain's name, a device), filtered by `RUST_LOG` (default
+/// `info`; `RUST_LOG=debug`, `RUST_LOG=domus_daemon=warn`, ...).
+fn init_log() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .init();
 }
 
 /// An error and its sources on one line.
@@ -327,6 +369,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_INPUT as u8);
         }
     };
+    init_log();
     match cli.command {
         Command::Run(a) => run(a),
         Command::Kit(a) => kit(a),

@@ -163,6 +163,34 @@ fn unknown_options() {
 }
 
 #[test]
+fn a_config_file_is_checked_like_the_flags() {
+    let dir = std::env::temp_dir().join(format!("domus-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("vm.json");
+    let arg = cfg.to_str().unwrap();
+    let write = |text: &str| std::fs::write(&cfg, text).unwrap();
+    assert_bad_input(&["run", "--config", "/nonexistent/vm.json"], "no such file");
+    write(r#"{"kernel": "/x", "cpus": 2}"#);
+    assert_bad_input(&["run", "--config", arg], "unknown field `cpus`");
+    write(r#"{"kernel": "/x", "disks": [{"path": "/d", "size": 1}]}"#);
+    assert_bad_input(&["run", "--config", arg], "unknown field `size`");
+    write(r#"{"kernel": "/x", "nets": ["tap=t,mac=01:00:00:00:00:00"]}"#);
+    assert_bad_input(&["run", "--config", arg], "multicast");
+    write(r#"{"kernel": "/nonexistent/vmlinuz"}"#);
+    assert_bad_input(
+        &["run", "--config", arg],
+        "kernel /nonexistent/vmlinuz: no such file",
+    );
+    write("[]");
+    assert_bad_input(&["run", "--config", arg], "JSON object");
+    assert_bad_input(
+        &["run", "--config", arg, "--kernel", "/x"],
+        "cannot be used with",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn help_documents_exit_statuses() {
     let out = Command::new(env!("CARGO_BIN_EXE_domus"))
         .args(["run", "--help"])

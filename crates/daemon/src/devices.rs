@@ -23,25 +23,24 @@ impl Daemon {
         specs.push(disk.spec());
         let list = domus_xlcfg::list_value(&specs)
             .ok_or_else(|| Error::Invalid("a disk path cannot hold quotes".into()))?;
-        let vmm_spec = format!(
-            "{}{}",
-            disk.path.display(),
-            if disk.read_only { ",ro" } else { "" }
-        );
         let dev = self
             .vmm(&r)?
             .plug(&PlugRequest {
-                disk: Some(vmm_spec),
+                disk: Some(crate::lifecycle::disk_spec(&disk)),
                 net: None,
             })
             .map_err(vmm_error(&r))?;
         self.remember(&r, "disk", &list)?;
-        self.log(&format!(
-            "attached {} to domain {} as {}",
-            disk.path.display(),
-            r.name,
-            dev.id
-        ));
+        self.log_domain(
+            &r.name,
+            false,
+            &format!(
+                "attached {} to domain {} as {}",
+                disk.path.display(),
+                r.name,
+                dev.id
+            ),
+        );
         Ok(dev)
     }
 
@@ -78,7 +77,11 @@ impl Daemon {
         if let Some(list) = domus_xlcfg::list_value(&specs) {
             self.remember(&r, "disk", &list)?;
         }
-        self.log(&format!("detaching {id} ({path}) from domain {}", r.name));
+        self.log_domain(
+            &r.name,
+            false,
+            &format!("detaching {id} ({path}) from domain {}", r.name),
+        );
         Ok(v)
     }
 }

@@ -194,8 +194,21 @@ impl Daemon {
         Ok(d)
     }
 
+    /// An event of the daemon itself: to its log (`tracing`, on stderr)
+    /// and to the stored log `dmesg` shows.
     pub fn log(&self, msg: &str) {
-        eprintln!("domusd: {msg}");
+        tracing::info!("{msg}");
+        lock(&self.db).log(msg);
+    }
+
+    /// An event of domain `domain`, with the domain as a field of the log
+    /// line; `warn` for what went wrong (a crash, a failed start).
+    pub(crate) fn log_domain(&self, domain: &str, warn: bool, msg: &str) {
+        if warn {
+            tracing::warn!(domain, "{msg}");
+        } else {
+            tracing::info!(domain, "{msg}");
+        }
         lock(&self.db).log(msg);
     }
 

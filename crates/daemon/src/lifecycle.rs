@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use domus_api::client::VmmClient;
 use domus_api::daemon::Created;
+use domus_api::spec::{ConsoleSpec, DiskSpec, NetSpec, VmSpec};
+use domus_api::vmm::RateLimit;
 use domus_api::vmm::{DeviceInfo, DomainState};
 
 use crate::host::{alive, host_memory_mib, start_time};
@@ -41,7 +43,11 @@ impl Daemon {
                         }
                     }
                     self.cleanup(&r)?;
-                    self.log(&format!("removed half-created domain {}", r.name));
+                    self.log_domain(
+                        &r.name,
+                        false,
+                        &format!("removed half-created domain {}", r.name),
+                    );
                 }
                 "running" if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
                     // What the model keeps of it, asked once (a VMM that
@@ -65,10 +71,18 @@ impl Daemon {
                             ..Live::default()
                         },
                     );
-                    self.log(&format!("found domain {} (pid {:?})", r.name, r.pid));
+                    self.log_domain(
+                        &r.name,
+                        false,
+                        &format!("found domain {} (pid {:?})", r.name, r.pid),
+                    );
                 }
                 "running" => {
-                    self.log(&format!("domain {} ended while no daemon ran", r.name));
+                    self.log_domain(
+                        &r.name,
+                        true,
+                        &format!("domain {} ended while no daemon ran", r.name),
+                    );
                     self.ended(&r, exit_file_status(&domain_dir(&self.state, r.id)))?;
                 }
                 _ => {}
@@ -77,29 +91,27 @@ impl Daemon {
         Ok(())
     }
 
+    /// Memory reserved by domains (all but `except`): each holds its
+    /// memory while it runs or waits to restart, and gives it back when it
+    /// is kept stopped (shutdown, crashed).
     pub(crate) fn used_mib(&self, except: Option<i64>) -> Result<u64> {
-        Ok(lock(&self.db)
-            .all()?
-            .iter()
-            .filter(|r| Some(r.id) != except && r.state != "shutdown" && r.state != "crashed")
-            .map(|r| r.memory_mib as u64)
-            .sum())
+        let rows = lock(&self.db).all()?;
+        Ok(reserved_mib(
+            rows.iter()
+                .filter(|r| Some(r.id) != except)
+                .map(|r| (r.state.as_str(), r.memory_mib)),
+        ))
     }
 
+    /// Admission control: whether `need` MiB fit beside the domains (all
+    /// but `except`) and the host's reserve.
     pub(crate) fn admit(&self, need: u64, except: Option<i64>) -> Result<()> {
-        let total = host_memory_mib();
-        let used = self.used_mib(except)?;
-        let free = total.saturating_sub(self.reserve_mib).saturating_sub(used);
-        if need > free {
-            return Err(Error::NoMemory {
-                need,
-                free,
-                total,
-                used,
-                reserve: self.reserve_mib,
-            });
-        }
-        Ok(())
+        admit(
+            need,
+            host_memory_mib(),
+            self.used_mib(except)?,
+            self.reserve_mib,
+        )
     }
 
     /// Creates and starts a domain from a configuration file's text.
@@ -144,14 +156,18 @@ impl Daemon {
                         c.name
                     )));
                 };
-                self.log(&format!("created domain {} (id {id})", c.name));
+                self.log_domain(
+                    &c.name,
+                    false,
+                    &format!("created domain {} (id {id})", c.name),
+                );
                 Ok(Created {
                     domain: self.describe(&r),
                     warnings: loaded.warnings,
                 })
             }
             Err(e) => {
-                self.log(&format!("creating {} failed: {e}", c.name));
+                self.log_domain(&c.name, true, &format!("creating {} failed: {e}", c.name));
                 // A destroy that came in meanwhile removed the row; what the
                 // start made after that (directory, cgroup, taps) goes now.
                 let Some(r) = lock(&self.db).get(id)? else {
@@ -195,35 +211,24 @@ impl Daemon {
         let dir = domain_dir(&self.state, r.id);
         std::fs::create_dir_all(&dir)?;
         let api = dir.join("api.sock");
-        let mut cmd = Command::new(&self.domus);
-        cmd.arg("run")
-            .arg("--name")
-            .arg(&c.name)
-            .arg("--kernel")
-            .arg(&c.kernel)
-            .arg("--cmdline")
-            .arg(&c.cmdline)
-            .arg("--vcpus")
-            .arg(c.vcpus.to_string())
-            .arg("--memory")
-            .arg(format!("{}M", c.maxmem_mib))
-            .arg("--console")
-            .arg(format!("file:{}", dir.join("console.log").display()))
-            .arg("--api-socket")
-            .arg(&api)
-            .arg("--exit-file")
-            .arg(dir.join("exit"))
-            .arg("--balloon");
-        if let Some(rd) = &c.ramdisk {
-            cmd.arg("--initrd").arg(rd);
-        }
-        for d in &c.disks {
-            cmd.arg("--disk").arg(format!(
-                "{}{}",
-                d.path.display(),
-                if d.read_only { ",ro" } else { "" }
-            ));
-        }
+        // What the VMM boots, as one typed document it reads with --config.
+        let mut spec = VmSpec {
+            name: c.name.clone(),
+            kernel: c.kernel.clone(),
+            initrd: c.ramdisk.clone(),
+            cmdline: c.cmdline.clone(),
+            vcpus: c.vcpus,
+            memory_mib: c.maxmem_mib,
+            console: ConsoleSpec::File(dir.join("console.log")),
+            disks: c.disks.iter().map(disk_spec).collect(),
+            nets: Vec::new(),
+            vsock_cid: None,
+            rng: true,
+            balloon: true,
+            prefault: false,
+            api_socket: Some(api.clone()),
+            exit_file: Some(dir.join("exit")),
+        };
         // A restart finds the taps of the VMM that ended (hot-plugged ones
         // too): start afresh.
         for t in self.taps(r.id) {
@@ -236,15 +241,16 @@ impl Daemon {
                 ip(&["link", "set", &tap, "master", br])?;
             }
             ip(&["link", "set", &tap, "up"])?;
-            let mut spec = format!("tap={tap}");
-            if let Some(m) = &v.mac {
-                spec.push_str(&format!(",mac={m}"));
-            }
-            if let Some(rate) = v.rate {
-                spec.push_str(&format!(",bw={rate}"));
-            }
-            cmd.arg("--net").arg(spec);
+            spec.nets.push(net_spec(tap, v, v.mac.clone()));
         }
+        let spec_file = dir.join("vm.json");
+        let text = serde_json::to_string_pretty(&spec).map_err(|e| Error::Start {
+            name: c.name.clone(),
+            msg: format!("writing its VM spec: {e}"),
+        })?;
+        std::fs::write(&spec_file, text)?;
+        let mut cmd = Command::new(&self.domus);
+        cmd.arg("run").arg("--config").arg(&spec_file);
         // A restart keeps the last run's logs, as vmm.log.1 and console.log.1.
         let _ = std::fs::remove_file(dir.join("exit"));
         for f in ["vmm.log", "console.log"] {
@@ -387,7 +393,7 @@ impl Daemon {
             }
         }
         self.cleanup(&r)?;
-        self.log(&format!("destroyed domain {}", r.name));
+        self.log_domain(&r.name, false, &format!("destroyed domain {}", r.name));
         Ok(())
     }
 
@@ -408,7 +414,11 @@ impl Daemon {
             "name",
             new,
         )?;
-        self.log(&format!("renamed domain {} to {new}", r.name));
+        self.log_domain(
+            &r.name,
+            false,
+            &format!("renamed domain {} to {new}", r.name),
+        );
         Ok(())
     }
 
@@ -433,11 +443,15 @@ impl Daemon {
         if let Some(l) = lock(&self.live).get_mut(&r.id) {
             l.requested = Some(what);
         }
-        self.log(&format!(
-            "asked domain {} to {} (power button)",
-            r.name,
-            what.as_str()
-        ));
+        self.log_domain(
+            &r.name,
+            false,
+            &format!(
+                "asked domain {} to {} (power button)",
+                r.name,
+                what.as_str()
+            ),
+        );
         Ok(())
     }
 
@@ -445,5 +459,89 @@ impl Daemon {
     pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>> {
         let r = self.find(dom)?;
         self.vmm(&r)?.devices().map_err(vmm_error(&r))
+    }
+}
+
+/// A configuration's disk as the VMM takes it.
+pub(crate) fn disk_spec(d: &domus_xlcfg::Disk) -> DiskSpec {
+    DiskSpec {
+        path: d.path.clone(),
+        read_only: d.read_only,
+        ..DiskSpec::default()
+    }
+}
+
+/// A configuration's interface on `tap` as the VMM takes it.
+pub(crate) fn net_spec(tap: String, v: &domus_xlcfg::Vif, mac: Option<String>) -> NetSpec {
+    NetSpec {
+        tap,
+        mac,
+        rate_limit: RateLimit {
+            bandwidth: v.rate,
+            iops: None,
+        },
+    }
+}
+
+/// What domains in these (state, memory) pairs hold of the host's memory.
+fn reserved_mib<'a>(domains: impl Iterator<Item = (&'a str, i64)>) -> u64 {
+    domains
+        .filter(|(state, _)| *state != "shutdown" && *state != "crashed")
+        .map(|(_, mib)| mib.max(0) as u64)
+        .sum()
+}
+
+/// Whether `need` MiB fit in a host of `total` MiB of which domains hold
+/// `used` and `reserve` stays the host's.
+fn admit(need: u64, total: u64, used: u64, reserve: u64) -> Result<()> {
+    let free = total.saturating_sub(reserve).saturating_sub(used);
+    if need > free {
+        return Err(Error::NoMemory {
+            need,
+            free,
+            total,
+            used,
+            reserve,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stopped_domains_give_their_memory_back() {
+        let ds = [
+            ("running", 512),
+            ("restarting", 256),
+            ("creating", 128),
+            ("shutdown", 1024),
+            ("crashed", 2048),
+            ("running", -5),
+        ];
+        assert_eq!(reserved_mib(ds.into_iter()), 512 + 256 + 128);
+    }
+
+    #[test]
+    fn admission_keeps_the_reserve_and_says_why() {
+        assert!(admit(512, 4096, 3072, 512).is_ok(), "exactly what is free");
+        let e = admit(513, 4096, 3072, 512).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::NoMemory {
+                need: 513,
+                free: 512,
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("512 MiB kept for the host"), "{e}");
+        // More promised than the host has: nothing is free, nothing wraps.
+        assert!(matches!(
+            admit(1, 1024, 4096, 512),
+            Err(Error::NoMemory { free: 0, .. })
+        ));
+        assert!(admit(0, 0, 0, 0).is_ok());
     }
 }

@@ -76,10 +76,7 @@ impl Daemon {
                 ip(&["link", "set", &tap, "master", br])?;
             }
             ip(&["link", "set", &tap, "up"])?;
-            let mut net = format!("tap={tap},mac={mac}");
-            if let Some(rate) = vif.rate {
-                net.push_str(&format!(",bw={rate}"));
-            }
+            let net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
             self.vmm(&r)?
                 .plug(&PlugRequest {
                     disk: None,
@@ -95,10 +92,14 @@ impl Daemon {
             }
         };
         self.remember(&r, "vif", &list)?;
-        self.log(&format!(
-            "attached interface {} ({mac}, tap {tap}) to domain {}",
-            dev.id, r.name
-        ));
+        self.log_domain(
+            &r.name,
+            false,
+            &format!(
+                "attached interface {} ({mac}, tap {tap}) to domain {}",
+                dev.id, r.name
+            ),
+        );
         Ok(dev)
     }
 
@@ -153,7 +154,11 @@ impl Daemon {
                 }
             }
         });
-        self.log(&format!("detaching {id} ({mac}) from domain {}", r.name));
+        self.log_domain(
+            &r.name,
+            false,
+            &format!("detaching {id} ({mac}) from domain {}", r.name),
+        );
         Ok(v)
     }
 }

@@ -160,13 +160,17 @@ impl Daemon {
         let end = End::of(status.and_then(|s| s.code()), requested);
         let actions = c.map(|c| [c.on_poweroff, c.on_reboot, c.on_crash]);
         let (act, next) = next(end, actions, r.restarts);
-        self.log(&format!(
-            "domain {} {} ({}): {}",
-            r.name,
-            end.as_str(),
-            describe_status(status),
-            act.as_str()
-        ));
+        self.log_domain(
+            &r.name,
+            end == End::Crashed,
+            &format!(
+                "domain {} {} ({}): {}",
+                r.name,
+                end.as_str(),
+                describe_status(status),
+                act.as_str()
+            ),
+        );
         if end == End::Crashed || (end == End::Rebooted && requested.is_none()) {
             // What is left to tell why, before on_crash may remove it or a
             // restart starts new logs.
@@ -202,16 +206,17 @@ impl Daemon {
                 .ok()
                 .and_then(|t| cgroup::oom_kills(&t));
             if let Some(k) = kills.filter(|k| *k > 0) {
-                self.log(&format!(
-                    "domain {}: its memory.max killed {k} process(es)",
-                    r.name
-                ));
+                self.log_domain(
+                    &r.name,
+                    true,
+                    &format!("domain {}: its memory.max killed {k} process(es)", r.name),
+                );
             }
         }
         let dir = domain_dir(&self.state, r.id);
         for (file, what) in [("vmm.log", "VMM log"), ("console.log", "console")] {
             for l in tail(&dir.join(file), 10) {
-                self.log(&format!("domain {} {what}: {l}", r.name));
+                self.log_domain(&r.name, true, &format!("domain {} {what}: {l}", r.name));
             }
         }
     }
@@ -230,13 +235,16 @@ impl Daemon {
         };
         for r in due {
             match self.start(&r).and_then(|()| self.still_there(&r)) {
-                Ok(Some(_)) => self.log(&format!("restarted domain {}", r.name)),
-                Ok(None) => self.log(&format!(
-                    "domain {} was destroyed while it restarted",
-                    r.name
-                )),
+                Ok(Some(_)) => {
+                    self.log_domain(&r.name, false, &format!("restarted domain {}", r.name))
+                }
+                Ok(None) => self.log_domain(
+                    &r.name,
+                    false,
+                    &format!("domain {} was destroyed while it restarted", r.name),
+                ),
                 Err(e) => {
-                    self.log(&format!("restarting {} failed: {e}", r.name));
+                    self.log_domain(&r.name, true, &format!("restarting {} failed: {e}", r.name));
                     // Kept as crashed, unless a destroy removed it meanwhile
                     // (then what the start made goes too).
                     if let Ok(Some(_)) = self.still_there(&r) {

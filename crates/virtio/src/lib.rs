@@ -31,9 +31,12 @@ pub use msix::Interrupt;
 /// Guest memory as every device sees it.
 pub type Memory = GuestMemoryMmap<()>;
 
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-pub const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
-pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+// Feature bits as masks, from the virtio headers' bit numbers
+// (virtio-bindings).
+pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+pub const VIRTIO_RING_F_INDIRECT_DESC: u64 =
+    1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 /// Features every Domus device offers.
 pub const BASE_FEATURES: u64 =
     VIRTIO_F_VERSION_1 | VIRTIO_RING_F_INDIRECT_DESC | VIRTIO_RING_F_EVENT_IDX;
@@ -169,9 +172,10 @@ pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
     }
 }
 
-/// Writes a warning about a device to stderr (the console is stdout).
+/// Logs a warning about a device, with the device as a field (the log
+/// goes to stderr; the console is stdout).
 pub(crate) fn warn(device: &str, msg: std::fmt::Arguments<'_>) {
-    eprintln!("domus: {device}: {msg}");
+    tracing::warn!(device, "{msg}");
 }
 
 #[cfg(test)]

@@ -43,12 +43,14 @@ const CFG_ISR: u8 = 3;
 const CFG_DEVICE: u8 = 4;
 const CFG_PCI: u8 = 5;
 
-pub const STATUS_ACKNOWLEDGE: u8 = 1;
-pub const STATUS_DRIVER: u8 = 2;
-pub const STATUS_DRIVER_OK: u8 = 4;
-pub const STATUS_FEATURES_OK: u8 = 8;
-pub const STATUS_NEEDS_RESET: u8 = 0x40;
-pub const STATUS_FAILED: u8 = 0x80;
+use virtio_bindings::virtio_config as vc;
+
+pub const STATUS_ACKNOWLEDGE: u8 = vc::VIRTIO_CONFIG_S_ACKNOWLEDGE as u8;
+pub const STATUS_DRIVER: u8 = vc::VIRTIO_CONFIG_S_DRIVER as u8;
+pub const STATUS_DRIVER_OK: u8 = vc::VIRTIO_CONFIG_S_DRIVER_OK as u8;
+pub const STATUS_FEATURES_OK: u8 = vc::VIRTIO_CONFIG_S_FEATURES_OK as u8;
+pub const STATUS_NEEDS_RESET: u8 = vc::VIRTIO_CONFIG_S_NEEDS_RESET as u8;
+pub const STATUS_FAILED: u8 = vc::VIRTIO_CONFIG_S_FAILED as u8;
 
 /// The state the driver programs through the common config.
 struct Common {

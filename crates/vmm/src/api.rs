@@ -176,11 +176,11 @@ impl Domain {
             PlugRequest {
                 disk: Some(d),
                 net: None,
-            } => Plug::Disk(crate::config::parse_disk(&d).map_err(|e| Response::error(400, &e))?),
+            } => Plug::Disk(crate::config::disk_config(&d)),
             PlugRequest {
                 disk: None,
                 net: Some(n),
-            } => Plug::Net(crate::config::parse_net(&n).map_err(|e| Response::error(400, &e))?),
+            } => Plug::Net(crate::config::net_config(&n)),
             _ => return Err(Response::error(400, "give exactly one of 'disk' or 'net'")),
         };
         // Held across the plug, so two plugs never pick the same name.

@@ -4,32 +4,17 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use domus_api::spec::{Checked, DiskSpec, NetSpec, VmSpec};
+use domus_api::vmm::RateLimit;
 use domus_boot::layout::MIN_MEMORY;
 use domus_virtio::block::DiskConfig;
 use domus_virtio::net::NetConfig;
+use domus_virtio::ratelimit::Limits;
 
-/// Where the guest's serial console goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Console {
-    Stdout,
-    File(PathBuf),
-    None,
-}
+pub use domus_api::spec::parse_size;
 
-impl std::str::FromStr for Console {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stdout" => Ok(Console::Stdout),
-            "none" => Ok(Console::None),
-            _ => match s.strip_prefix("file:") {
-                Some(p) if !p.is_empty() => Ok(Console::File(PathBuf::from(p))),
-                _ => Err(format!("'{s}' is not stdout, none or file:PATH")),
-            },
-        }
-    }
-}
+/// Where the guest's serial console goes (`stdout`, `none`, `file:PATH`).
+pub type Console = domus_api::spec::ConsoleSpec;
 
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -96,116 +81,41 @@ pub fn parse_vsock(s: &str) -> Result<u64, String> {
 /// is bytes per second and `pps` packets per second, both directions
 /// together.
 pub fn parse_net(s: &str) -> Result<NetConfig, String> {
-    let mut n = NetConfig::default();
-    for p in s.split(',') {
-        let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        match (k, v) {
-            ("tap", v) if !v.is_empty() => n.tap = v.to_string(),
-            ("mac", v) => {
-                let m = domus_virtio::net::parse_mac(v)
-                    .ok_or_else(|| format!("'{p}': a MAC is six hex pairs, 52:54:00:12:34:56"))?;
-                if m[0] & 1 != 0 {
-                    return Err(format!("'{p}': a multicast MAC cannot be an interface's"));
-                }
-                n.mac = Some(m);
-            }
-            ("bw", v) => {
-                let bytes = parse_rate_size(v).map_err(|e| format!("'{p}': {e}"))?;
-                n.limits.bytes_per_sec = Some(bytes);
-            }
-            ("pps", v) => {
-                let r: u64 = v
-                    .parse()
-                    .map_err(|_| format!("'{p}': pps must be a whole number"))?;
-                n.limits.ops_per_sec = Some(r);
-            }
-            _ => {
-                return Err(format!(
-                    "'{p}': unknown network option (known: tap=NAME, mac=MAC, bw=SIZE, pps=N)"
-                ))
-            }
-        }
-    }
-    if n.tap.is_empty() {
-        return Err(format!("'{s}': the interface needs tap=NAME"));
-    }
-    Ok(n)
+    s.parse::<NetSpec>().map(|n| net_config(&n))
 }
 
 /// Parses a `--disk` value: `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`, where
 /// `bw` is bytes per second (`bw=10M` is 10 MiB/s) and `iops` operations
 /// per second.
 pub fn parse_disk(s: &str) -> Result<DiskConfig, String> {
-    let mut parts = s.split(',');
-    let path = parts.next().unwrap_or_default();
-    let path = path.strip_prefix("path=").unwrap_or(path);
-    if path.is_empty() {
-        return Err(format!(
-            "'{s}': the disk needs a path (PATH[,ro][,id=NAME])"
-        ));
-    }
-    let mut d = DiskConfig {
-        path: PathBuf::from(path),
-        ..Default::default()
-    };
-    for p in parts {
-        let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        match (k, v) {
-            ("ro", "") => d.read_only = true,
-            ("rw", "") => d.read_only = false,
-            ("id", v) => {
-                if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(format!(
-                        "'{p}': a disk id is 1 to 20 printable characters without spaces"
-                    ));
-                }
-                d.id = Some(v.to_string());
-            }
-            ("bw", v) => {
-                let bytes = parse_rate_size(v).map_err(|e| format!("'{p}': {e}"))?;
-                d.limits.bytes_per_sec = Some(bytes);
-            }
-            ("iops", v) => {
-                let n: u64 = v
-                    .parse()
-                    .map_err(|_| format!("'{p}': iops must be a whole number"))?;
-                d.limits.ops_per_sec = Some(n);
-            }
-            _ => {
-                return Err(format!(
-                    "'{p}': unknown disk option (known: ro, rw, id=NAME, bw=SIZE, iops=N)"
-                ))
-            }
-        }
-    }
-    Ok(d)
+    s.parse::<DiskSpec>().map(|d| disk_config(&d))
 }
 
-/// A byte count with an optional unit where plain numbers are bytes.
-fn parse_rate_size(v: &str) -> Result<u64, String> {
-    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-        return v.parse().map_err(|_| format!("'{v}' is too large"));
+fn limits(r: &RateLimit) -> Limits {
+    Limits {
+        bytes_per_sec: r.bandwidth.filter(|v| *v > 0),
+        ops_per_sec: r.iops.filter(|v| *v > 0),
     }
-    parse_size(v)
 }
 
-/// Parses a memory size: `256M`, `1G`, `512MiB`, `2048K`, or plain MiB (`512`).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (examples: 256M, 1G, 512)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "m" | "mb" | "mib" => 20,
-        "k" | "kb" | "kib" => 10,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
+/// The device configuration of a disk spec (checked when it was read).
+pub fn disk_config(d: &DiskSpec) -> DiskConfig {
+    DiskConfig {
+        path: d.path.clone(),
+        read_only: d.read_only,
+        id: d.id.clone(),
+        limits: limits(&d.rate_limit),
+    }
+}
+
+/// The device configuration of an interface spec (checked when it was
+/// read, so its MAC parses).
+pub fn net_config(n: &NetSpec) -> NetConfig {
+    NetConfig {
+        tap: n.tap.clone(),
+        mac: n.mac.as_deref().and_then(domus_api::spec::parse_mac),
+        limits: limits(&n.rate_limit),
+    }
 }
 
 fn check_file(what: &'static str, path: &Path) -> Result<(), ConfigError> {
@@ -243,6 +153,39 @@ pub fn host_memory() -> Option<u64> {
 }
 
 impl VmConfig {
+    /// The configuration a [`VmSpec`] describes (its `exit_file` is the
+    /// caller's), each disk and interface checked again: a spec built in
+    /// code has not been through a parser.
+    pub fn from_spec(s: &VmSpec) -> Result<VmConfig, String> {
+        for d in &s.disks {
+            d.check()
+                .map_err(|e| format!("disk {}: {e}", d.path.display()))?;
+        }
+        for n in &s.nets {
+            n.check().map_err(|e| format!("interface {}: {e}", n.tap))?;
+        }
+        let memory = s
+            .memory_mib
+            .checked_mul(1 << 20)
+            .ok_or_else(|| format!("memory_mib {} is too large", s.memory_mib))?;
+        Ok(VmConfig {
+            kernel: s.kernel.clone(),
+            initrd: s.initrd.clone(),
+            cmdline: s.cmdline.clone(),
+            vcpus: s.vcpus,
+            memory,
+            console: s.console.clone(),
+            disks: s.disks.iter().map(disk_config).collect(),
+            nets: s.nets.iter().map(net_config).collect(),
+            vsock_cid: s.vsock_cid,
+            rng: s.rng,
+            balloon: s.balloon,
+            prefault: s.prefault,
+            api_socket: s.api_socket.clone(),
+            name: s.name.clone(),
+        })
+    }
+
     /// Checks everything that does not need KVM; `max_vcpus` comes from KVM.
     pub fn validate(&self, max_vcpus: u32, host_memory: u64) -> Result<(), ConfigError> {
         check_file("kernel", &self.kernel)?;
@@ -272,32 +215,6 @@ impl VmConfig {
 mod tests {
     use super::*;
 
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("256M"), Ok(256 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("512"), Ok(512 << 20));
-        assert_eq!(parse_size("2048k"), Ok(2 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("64MB"), Ok(64 << 20));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("M").is_err());
-        assert!(parse_size("12X").is_err());
-        assert!(parse_size("-1G").is_err());
-        assert!(parse_size("1.5G").is_err());
-        assert!(parse_size("99999999999999999999").is_err());
-        assert!(parse_size("17179869184T").is_err());
-    }
-
-    #[test]
-    fn consoles() {
-        assert_eq!("stdout".parse(), Ok(Console::Stdout));
-        assert_eq!("none".parse(), Ok(Console::None));
-        assert_eq!("file:/tmp/x".parse(), Ok(Console::File("/tmp/x".into())));
-        assert!("file:".parse::<Console>().is_err());
-        assert!("tty".parse::<Console>().is_err());
-    }
-
     fn cfg(kernel: &Path) -> VmConfig {
         VmConfig {
             kernel: kernel.to_path_buf(),
@@ -318,52 +235,38 @@ mod tests {
     }
 
     #[test]
-    fn net_specs() {
-        let n = parse_net("tap=tap0,mac=52:54:00:00:00:01,bw=10M,pps=1000").unwrap();
-        assert_eq!(n.tap, "tap0");
+    fn flags_become_device_configurations() {
+        // The text itself is parsed and checked in domus_api::spec.
+        let d = parse_disk("a.raw,ro,id=root,bw=10M,iops=500").unwrap();
+        assert_eq!((d.read_only, d.id.as_deref()), (true, Some("root")));
+        assert_eq!(d.limits.bytes_per_sec, Some(10 << 20));
+        assert_eq!(d.limits.ops_per_sec, Some(500));
+        let n = parse_net("tap=tap0,mac=52:54:00:00:00:01,pps=1000").unwrap();
         assert_eq!(n.mac, Some([0x52, 0x54, 0, 0, 0, 1]));
-        assert_eq!(n.limits.bytes_per_sec, Some(10 << 20));
-        assert_eq!(n.limits.ops_per_sec, Some(1000));
-        for bad in [
-            "",
-            "mac=52:54:00:00:00:01",
-            "tap=",
-            "tap=t,mac=01:00:00:00:00:00",
-            "tap=t,mac=zz",
-            "tap=t,pps=x",
-            "tap=t,colour=red",
-        ] {
-            assert!(parse_net(bad).is_err(), "{bad}");
-        }
+        assert_eq!(
+            (n.limits.bytes_per_sec, n.limits.ops_per_sec),
+            (None, Some(1000))
+        );
+        assert!(parse_disk("a,ro=1").is_err() && parse_net("mac=52:54:00:00:00:01").is_err());
     }
 
     #[test]
-    fn disk_specs() {
-        let d = parse_disk("/img/a.raw").unwrap();
-        assert_eq!(d.path, PathBuf::from("/img/a.raw"));
-        assert!(!d.read_only);
-        let d = parse_disk("a.raw,ro,id=root,bw=10M,iops=500").unwrap();
-        assert!(d.read_only);
-        assert_eq!(d.id.as_deref(), Some("root"));
-        assert_eq!(d.limits.bytes_per_sec, Some(10 << 20));
-        assert_eq!(d.limits.ops_per_sec, Some(500));
-        assert_eq!(
-            parse_disk("a,bw=4096").unwrap().limits.bytes_per_sec,
-            Some(4096)
-        );
-        for bad in [
-            "",
-            ",ro",
-            "a,rox",
-            "a,id=",
-            "a,id=abcdefghijklmnopqrstu",
-            "a,id=a b",
-            "a,bw=fast",
-            "a,iops=-1",
-            "a,ro=1",
-        ] {
-            assert!(parse_disk(bad).is_err(), "{bad}");
-        }
+    fn a_spec_becomes_a_configuration() {
+        let spec: VmSpec = serde_json::from_str(
+            r#"{"kernel": "/k", "memory_mib": 512, "disks": ["/a,ro,bw=1M"], "nets": ["tap=t0,mac=52:54:00:00:00:01"]}"#,
+        )
+        .unwrap();
+        let c = VmConfig::from_spec(&spec).unwrap();
+        assert_eq!(c.memory, 512 << 20);
+        assert!(c.disks[0].read_only);
+        assert_eq!(c.disks[0].limits.bytes_per_sec, Some(1 << 20));
+        assert_eq!(c.nets[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
+        let mut bad = spec.clone();
+        bad.nets[0].mac = Some("01:00:00:00:00:00".into());
+        assert!(VmConfig::from_spec(&bad).unwrap_err().contains("multicast"));
+        let mut bad = spec;
+        bad.memory_mib = u64::MAX;
+        assert!(VmConfig::from_spec(&bad).is_err());
     }
 
     #[test]

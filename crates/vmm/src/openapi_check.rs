@@ -76,9 +76,18 @@ fn the_openapi_schemas_match_the_api_types() {
         op(m, p)["responses"][code]["content"]["application/json"]["schema"].clone()
     };
     let plug = PlugRequest {
-        disk: Some("/x".into()),
-        net: Some("tap=t".into()),
+        disk: Some("/x,ro,id=d1,bw=1M".parse().unwrap()),
+        net: Some("tap=t,mac=52:54:00:12:34:56".parse().unwrap()),
     };
+    let (disk, net) = (plug.disk.clone().unwrap(), plug.net.clone().unwrap());
+    check_schema(
+        &doc,
+        "DiskSpec",
+        &schemas["DiskSpec"],
+        &[sample(&disk)],
+        false,
+    );
+    check_schema(&doc, "NetSpec", &schemas["NetSpec"], &[sample(&net)], false);
     check_schema(
         &doc,
         "PlugRequest",

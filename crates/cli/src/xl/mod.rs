@@ -113,7 +113,7 @@ pub struct MemSetArgs {
     /// Domain name or id.
     pub domain: String,
     /// The memory the guest keeps: 512M, 1G, or plain MiB.
-    #[arg(value_parser = domus_vmm::config::parse_size)]
+    #[arg(value_parser = domus_api::spec::parse_size)]
     pub size: u64,
 }
 
@@ -347,7 +347,7 @@ pub struct MemMaxArgs {
     /// Domain name or id.
     pub domain: String,
     /// The most memory the domain may have: 512M, 1G, or plain MiB.
-    #[arg(value_parser = domus_vmm::config::parse_size)]
+    #[arg(value_parser = domus_api::spec::parse_size)]
     pub size: u64,
 }
 

@@ -39,12 +39,14 @@ const QUEUE_SIZE: u16 = 256;
 /// I/O threads per disk.
 const IO_THREADS: usize = 4;
 
-const F_SEG_MAX: u64 = 1 << 2;
-const F_RO: u64 = 1 << 5;
-const F_BLK_SIZE: u64 = 1 << 6;
-const F_FLUSH: u64 = 1 << 9;
-const F_DISCARD: u64 = 1 << 13;
-const F_WRITE_ZEROES: u64 = 1 << 14;
+use virtio_bindings::virtio_blk as vb;
+
+const F_SEG_MAX: u64 = 1 << vb::VIRTIO_BLK_F_SEG_MAX;
+const F_RO: u64 = 1 << vb::VIRTIO_BLK_F_RO;
+const F_BLK_SIZE: u64 = 1 << vb::VIRTIO_BLK_F_BLK_SIZE;
+const F_FLUSH: u64 = 1 << vb::VIRTIO_BLK_F_FLUSH;
+const F_DISCARD: u64 = 1 << vb::VIRTIO_BLK_F_DISCARD;
+const F_WRITE_ZEROES: u64 = 1 << vb::VIRTIO_BLK_F_WRITE_ZEROES;
 
 /// How the user asked for a disk (`--disk PATH[,ro][,id=NAME]...`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

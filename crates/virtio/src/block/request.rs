@@ -18,16 +18,18 @@ pub const ID_BYTES: usize = 20;
 pub const MAX_SEGMENTS: u32 = 16;
 const SEGMENT_SIZE: u64 = 16;
 
-pub const T_IN: u32 = 0;
-pub const T_OUT: u32 = 1;
-pub const T_FLUSH: u32 = 4;
-pub const T_GET_ID: u32 = 8;
-pub const T_DISCARD: u32 = 11;
-pub const T_WRITE_ZEROES: u32 = 13;
+use virtio_bindings::virtio_blk as vb;
 
-pub const S_OK: u8 = 0;
-pub const S_IOERR: u8 = 1;
-pub const S_UNSUPP: u8 = 2;
+pub const T_IN: u32 = vb::VIRTIO_BLK_T_IN;
+pub const T_OUT: u32 = vb::VIRTIO_BLK_T_OUT;
+pub const T_FLUSH: u32 = vb::VIRTIO_BLK_T_FLUSH;
+pub const T_GET_ID: u32 = vb::VIRTIO_BLK_T_GET_ID;
+pub const T_DISCARD: u32 = vb::VIRTIO_BLK_T_DISCARD;
+pub const T_WRITE_ZEROES: u32 = vb::VIRTIO_BLK_T_WRITE_ZEROES;
+
+pub const S_OK: u8 = vb::VIRTIO_BLK_S_OK as u8;
+pub const S_IOERR: u8 = vb::VIRTIO_BLK_S_IOERR as u8;
+pub const S_UNSUPP: u8 = vb::VIRTIO_BLK_S_UNSUPP as u8;
 
 /// Write-zeroes flag: the device may deallocate.
 pub const WZ_UNMAP: u32 = 1;

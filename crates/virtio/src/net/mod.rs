@@ -31,18 +31,20 @@ use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDe
 
 mod tap;
 
-pub use tap::{default_mac, format_mac, offload_flags, parse_mac, NetError, Tap};
+pub use tap::{default_mac, format_mac, offload_flags, NetError, Tap};
 
-pub const F_CSUM: u64 = 1 << 0;
-pub const F_GUEST_CSUM: u64 = 1 << 1;
-pub const F_MAC: u64 = 1 << 5;
-pub const F_GUEST_TSO4: u64 = 1 << 7;
-pub const F_GUEST_TSO6: u64 = 1 << 8;
-pub const F_GUEST_ECN: u64 = 1 << 9;
-pub const F_HOST_TSO4: u64 = 1 << 11;
-pub const F_HOST_TSO6: u64 = 1 << 12;
-pub const F_HOST_ECN: u64 = 1 << 13;
-pub const F_MRG_RXBUF: u64 = 1 << 15;
+use virtio_bindings::virtio_net as vn;
+
+pub const F_CSUM: u64 = 1 << vn::VIRTIO_NET_F_CSUM;
+pub const F_GUEST_CSUM: u64 = 1 << vn::VIRTIO_NET_F_GUEST_CSUM;
+pub const F_MAC: u64 = 1 << vn::VIRTIO_NET_F_MAC;
+pub const F_GUEST_TSO4: u64 = 1 << vn::VIRTIO_NET_F_GUEST_TSO4;
+pub const F_GUEST_TSO6: u64 = 1 << vn::VIRTIO_NET_F_GUEST_TSO6;
+pub const F_GUEST_ECN: u64 = 1 << vn::VIRTIO_NET_F_GUEST_ECN;
+pub const F_HOST_TSO4: u64 = 1 << vn::VIRTIO_NET_F_HOST_TSO4;
+pub const F_HOST_TSO6: u64 = 1 << vn::VIRTIO_NET_F_HOST_TSO6;
+pub const F_HOST_ECN: u64 = 1 << vn::VIRTIO_NET_F_HOST_ECN;
+pub const F_MRG_RXBUF: u64 = 1 << vn::VIRTIO_NET_F_MRG_RXBUF;
 
 /// The virtio-net header of a VERSION_1 device (`virtio_net_hdr_v1`).
 pub const HDR_LEN: usize = 12;

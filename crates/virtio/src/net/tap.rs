@@ -31,20 +31,6 @@ pub enum NetError {
     },
 }
 
-/// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut m = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in m.iter_mut() {
-        let p = parts.next()?;
-        if p.len() != 2 {
-            return None;
-        }
-        *b = u8::from_str_radix(p, 16).ok()?;
-    }
-    parts.next().is_none().then_some(m)
-}
-
 pub fn format_mac(m: &[u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
@@ -167,19 +153,6 @@ mod tests {
 
     #[test]
     fn macs() {
-        assert_eq!(
-            parse_mac("02:aB:00:ff:10:09"),
-            Some([2, 0xab, 0, 0xff, 0x10, 9])
-        );
-        for bad in [
-            "",
-            "02:ab:00:ff:10",
-            "02:ab:00:ff:10:09:01",
-            "2:ab:00:ff:10:09",
-            "zz:ab:00:ff:10:09",
-        ] {
-            assert_eq!(parse_mac(bad), None, "{bad}");
-        }
         assert_eq!(
             format_mac(&[2, 0xab, 0, 0xff, 0x10, 9]),
             "02:ab:00:ff:10:09"

@@ -88,10 +88,9 @@ fn triple_faulted(log: &std::path::Path) -> Vec<String> {
         .lines()
         .filter(|l| l.contains("VMM log: domus: a vCPU triple-faulted"))
         .filter_map(|l| {
-            l.strip_prefix("domusd: domain ")?
-                .split(" VMM log")
-                .next()
-                .map(String::from)
+            // "... domain NAME VMM log: ...", whatever the log line's prefix.
+            let (before, _) = l.split_once(" VMM log: ")?;
+            before.rsplit_once("domain ").map(|(_, n)| n.to_string())
         })
         .collect()
 }

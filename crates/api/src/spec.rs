@@ -1,0 +1,480 @@
+//! What a domain is made of: [`VmSpec`], which `domus run --config FILE`
+//! reads and the daemon writes for each VMM it starts, and its disks
+//! ([`DiskSpec`]) and interfaces ([`NetSpec`]), which hot-plug sends too.
+//!
+//! A disk or an interface is one type with two written forms: a JSON
+//! object, and the command-line text of `domus run --disk` and `--net`
+//! (`/img/a.raw,ro,bw=10M`, `tap=t0,mac=52:54:00:12:34:56`). Both are
+//! parsed here, once, and checked the same way.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::vmm::RateLimit;
+
+/// A size: `256M`, `1G`, `512MiB`, `2048K`, or plain MiB (`512`), in bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 256M, 1G, 512)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "m" | "mb" | "mib" => 20,
+        "k" | "kb" | "kib" => 10,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// A rate in bytes per second: plain numbers are bytes, `10M` is 10 MiB.
+fn parse_rate(v: &str) -> Result<u64, String> {
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return v.parse().map_err(|_| format!("'{v}' is too large"));
+    }
+    parse_size(v)
+}
+
+/// Sets a limit from option `p` (`KEY=v`): bytes per second (`bw`) or
+/// operations per second (`iops`, `pps`).
+fn set_rate(r: &mut RateLimit, bytes: bool, p: &str, v: &str) -> Result<(), String> {
+    if bytes {
+        r.bandwidth = Some(parse_rate(v).map_err(|e| format!("'{p}': {e}"))?);
+    } else {
+        let n = v
+            .parse()
+            .map_err(|_| format!("'{p}': a rate is a whole number per second"))?;
+        r.iops = Some(n);
+    }
+    Ok(())
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in m.iter_mut() {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+/// A type whose every value, however it was written, must pass a check.
+pub trait Checked {
+    fn check(&self) -> Result<(), String>;
+}
+
+/// A virtio-blk disk on a raw image file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSpec {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub read_only: bool,
+    /// The serial the guest sees: 1 to 20 printable characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Bytes and requests per second (none: unlimited).
+    #[serde(default)]
+    pub rate_limit: RateLimit,
+}
+
+impl Checked for DiskSpec {
+    fn check(&self) -> Result<(), String> {
+        if self.path.as_os_str().is_empty() {
+            return Err("the disk needs a path".into());
+        }
+        if let Some(id) = &self.id {
+            if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "disk id '{id}': 1 to 20 printable characters without spaces"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for DiskSpec {
+    type Err = String;
+
+    /// `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`: `bw` in bytes per second
+    /// (`bw=10M` is 10 MiB/s), `iops` in requests per second.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let path = parts.next().unwrap_or_default();
+        let path = path.strip_prefix("path=").unwrap_or(path);
+        if path.is_empty() {
+            return Err(format!(
+                "'{s}': the disk needs a path (PATH[,ro][,id=NAME])"
+            ));
+        }
+        let mut d = DiskSpec {
+            path: PathBuf::from(path),
+            ..Default::default()
+        };
+        for p in parts {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            match (k, v) {
+                ("ro", "") => d.read_only = true,
+                ("rw", "") => d.read_only = false,
+                ("id", v) => d.id = Some(v.to_string()),
+                ("bw" | "iops", v) => set_rate(&mut d.rate_limit, k == "bw", p, v)?,
+                _ => {
+                    return Err(format!(
+                        "'{p}': unknown disk option (known: ro, rw, id=NAME, bw=SIZE, iops=N)"
+                    ))
+                }
+            }
+        }
+        d.check().map_err(|e| format!("'{s}': {e}"))?;
+        Ok(d)
+    }
+}
+
+/// A virtio-net interface on a tap device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetSpec {
+    /// The tap: opened if it exists (on a bridge), created otherwise.
+    pub tap: String,
+    /// `52:54:00:12:34:56`; left out, one is made from the tap's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Bytes and packets per second, both directions together.
+    #[serde(default)]
+    pub rate_limit: RateLimit,
+}
+
+impl Checked for NetSpec {
+    fn check(&self) -> Result<(), String> {
+        if self.tap.is_empty() {
+            return Err("the interface needs tap=NAME".into());
+        }
+        if let Some(mac) = &self.mac {
+            let m = parse_mac(mac)
+                .ok_or_else(|| format!("MAC '{mac}': six hex pairs, like 52:54:00:12:34:56"))?;
+            if m[0] & 1 != 0 {
+                return Err(format!(
+                    "MAC '{mac}': a multicast MAC cannot be an interface's"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for NetSpec {
+    type Err = String;
+
+    /// `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut n = NetSpec::default();
+        for p in s.split(',') {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            match (k, v) {
+                ("tap", v) if !v.is_empty() => n.tap = v.to_string(),
+                ("mac", v) => n.mac = Some(v.to_lowercase()),
+                ("bw" | "pps", v) => set_rate(&mut n.rate_limit, k == "bw", p, v)?,
+                _ => {
+                    return Err(format!(
+                        "'{p}': unknown network option (known: tap=NAME, mac=MAC, bw=SIZE, pps=N)"
+                    ))
+                }
+            }
+        }
+        n.check().map_err(|e| format!("'{s}': {e}"))?;
+        Ok(n)
+    }
+}
+
+/// Reads a [`DiskSpec`] or [`NetSpec`] written either way: its command-line
+/// text, or an object (whose unknown fields are refused by name), checked.
+fn either<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String> + DeserializeOwned + Checked,
+{
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => s.parse().map_err(D::Error::custom),
+        v => {
+            let t: T = serde_json::from_value(v).map_err(D::Error::custom)?;
+            t.check().map_err(D::Error::custom)?;
+            Ok(t)
+        }
+    }
+}
+
+/// [`either`] for an optional field.
+pub(crate) fn either_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String> + DeserializeOwned + Checked,
+{
+    #[derive(Deserialize)]
+    #[serde(bound = "T: FromStr<Err = String> + DeserializeOwned + Checked")]
+    struct One<T>(#[serde(deserialize_with = "either")] T);
+    Ok(Option::<One<T>>::deserialize(d)?.map(|o| o.0))
+}
+
+/// [`either`] for a list.
+fn either_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String> + DeserializeOwned + Checked,
+{
+    #[derive(Deserialize)]
+    #[serde(bound = "T: FromStr<Err = String> + DeserializeOwned + Checked")]
+    struct One<T>(#[serde(deserialize_with = "either")] T);
+    Ok(Vec::<One<T>>::deserialize(d)?
+        .into_iter()
+        .map(|o| o.0)
+        .collect())
+}
+
+/// Where the serial console goes: `"stdout"`, `"none"`, or
+/// `{"file": PATH}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum ConsoleSpec {
+    #[default]
+    Stdout,
+    None,
+    File(PathBuf),
+}
+
+impl FromStr for ConsoleSpec {
+    type Err = String;
+
+    /// `stdout`, `none` or `file:PATH`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stdout" => Ok(ConsoleSpec::Stdout),
+            "none" => Ok(ConsoleSpec::None),
+            _ => match s.strip_prefix("file:") {
+                Some(p) if !p.is_empty() => Ok(ConsoleSpec::File(PathBuf::from(p))),
+                _ => Err(format!("'{s}' is not stdout, none or file:PATH")),
+            },
+        }
+    }
+}
+
+fn default_cmdline() -> String {
+    "console=ttyS0 panic=-1".into()
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_memory() -> u64 {
+    256
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_name() -> String {
+    "domain".into()
+}
+
+/// Everything `domus run` boots a domain from: what its flags say, as one
+/// JSON document (`domus run --config FILE`). Left out, a field takes the
+/// flag's default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// The domain's name, as its API reports it.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// A bzImage or an uncompressed ELF vmlinux.
+    pub kernel: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<PathBuf>,
+    #[serde(default = "default_cmdline")]
+    pub cmdline: String,
+    #[serde(default = "one")]
+    pub vcpus: u32,
+    #[serde(default = "default_memory")]
+    pub memory_mib: u64,
+    #[serde(default)]
+    pub console: ConsoleSpec,
+    /// In the order the guest sees them (vda, vdb, ...).
+    #[serde(default, deserialize_with = "either_vec")]
+    pub disks: Vec<DiskSpec>,
+    /// In the order the guest sees them (eth0, eth1, ...).
+    #[serde(default, deserialize_with = "either_vec")]
+    pub nets: Vec<NetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_cid: Option<u64>,
+    /// The virtio-rng entropy device.
+    #[serde(default = "yes")]
+    pub rng: bool,
+    #[serde(default)]
+    pub balloon: bool,
+    #[serde(default)]
+    pub prefault: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_socket: Option<PathBuf>,
+    /// Where to write the exit status and its reason on exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_file: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_body;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512"), Ok(512 << 20));
+        assert_eq!(parse_size("2048k"), Ok(2 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("64MB"), Ok(64 << 20));
+        for bad in [
+            "",
+            "M",
+            "12X",
+            "-1G",
+            "1.5G",
+            "99999999999999999999",
+            "17179869184T",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn disks_in_either_form() {
+        let d: DiskSpec = "a.raw,ro,id=root,bw=10M,iops=500".parse().unwrap();
+        assert_eq!(
+            d,
+            DiskSpec {
+                path: "a.raw".into(),
+                read_only: true,
+                id: Some("root".into()),
+                rate_limit: RateLimit {
+                    bandwidth: Some(10 << 20),
+                    iops: Some(500)
+                },
+            }
+        );
+        assert_eq!(
+            "a,bw=4096"
+                .parse::<DiskSpec>()
+                .unwrap()
+                .rate_limit
+                .bandwidth,
+            Some(4096)
+        );
+        for bad in [
+            "",
+            ",ro",
+            "a,rox",
+            "a,id=",
+            "a,id=abcdefghijklmnopqrstu",
+            "a,id=a b",
+            "a,bw=fast",
+            "a,iops=-1",
+            "a,ro=1",
+        ] {
+            assert!(bad.parse::<DiskSpec>().is_err(), "{bad}");
+        }
+        // The object form round-trips and is checked like the text.
+        let json = serde_json::to_string(&d).unwrap();
+        #[derive(Deserialize)]
+        struct Holder {
+            #[serde(deserialize_with = "either_opt")]
+            disk: Option<DiskSpec>,
+        }
+        let h: Holder = serde_json::from_str(&format!(r#"{{"disk": {json}}}"#)).unwrap();
+        assert_eq!(h.disk, Some(d));
+        let h: Holder = serde_json::from_str(r#"{"disk": "/x,ro"}"#).unwrap();
+        assert!(h.disk.unwrap().read_only);
+        let e = serde_json::from_str::<Holder>(r#"{"disk": {"path": "/x", "size": 1}}"#)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("unknown field `size`"), "{e}");
+        let e = serde_json::from_str::<Holder>(r#"{"disk": {"path": "/x", "id": "a b"}}"#)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("printable"), "{e}");
+    }
+
+    #[test]
+    fn interfaces_in_either_form() {
+        let n: NetSpec = "tap=tap0,mac=52:54:00:00:00:0A,bw=10M,pps=1000"
+            .parse()
+            .unwrap();
+        assert_eq!(n.tap, "tap0");
+        assert_eq!(n.mac.as_deref(), Some("52:54:00:00:00:0a"));
+        assert_eq!(n.rate_limit.bandwidth, Some(10 << 20));
+        assert_eq!(n.rate_limit.iops, Some(1000));
+        for bad in [
+            "",
+            "mac=52:54:00:00:00:01",
+            "tap=",
+            "tap=t,mac=01:00:00:00:00:00",
+            "tap=t,mac=zz",
+            "tap=t,pps=x",
+            "tap=t,colour=red",
+        ] {
+            assert!(bad.parse::<NetSpec>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_mac("02:aB:00:ff:10:09"),
+            Some([2, 0xab, 0, 0xff, 0x10, 9])
+        );
+        for bad in [
+            "",
+            "02:ab:00:ff:10",
+            "02:ab:00:ff:10:09:01",
+            "2:ab:00:ff:10:09",
+            "zz:ab:00:ff:10:09",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_vm_spec_takes_the_flags_defaults_and_refuses_what_it_does_not_know() {
+        let s: VmSpec = parse_body(
+            br#"{"kernel": "/k", "disks": ["/a,ro", {"path": "/b"}], "nets": ["tap=t0"],
+                 "console": {"file": "/c.log"}}"#,
+        )
+        .unwrap();
+        assert_eq!((s.name.as_str(), s.vcpus, s.memory_mib), ("domain", 1, 256));
+        assert_eq!(s.cmdline, "console=ttyS0 panic=-1");
+        assert!(s.rng && !s.balloon && !s.prefault);
+        assert_eq!(s.disks.len(), 2);
+        assert!(s.disks[0].read_only && !s.disks[1].read_only);
+        assert_eq!(s.console, ConsoleSpec::File("/c.log".into()));
+        let back: VmSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        let e = parse_body::<VmSpec>(br#"{"kernel": "/k", "cpus": 2}"#).unwrap_err();
+        assert!(e.contains("unknown field `cpus`"), "{e}");
+        assert!(
+            parse_body::<VmSpec>(br#"{"vcpus": 2}"#).is_err(),
+            "no kernel"
+        );
+        assert!(parse_body::<VmSpec>(br#"{"kernel": "/k", "nets": ["mac=1"]}"#).is_err());
+        assert_eq!("file:/x".parse(), Ok(ConsoleSpec::File("/x".into())));
+        assert!("file:".parse::<ConsoleSpec>().is_err());
+        assert!("tty".parse::<ConsoleSpec>().is_err());
+    }
+}
