@@ -99,8 +99,7 @@ impl Daemon {
     /// /proc (no round trip to its VMM).
     pub fn describe(&self, r: &db::Row) -> Domain {
         let c = self.load(r).ok();
-        // The database holds only the states this daemon writes.
-        let mut state = State::parse(&r.state).unwrap_or(State::Crashed);
+        let mut state = r.state;
         let (mut cpu, mut vcpu_time) = (0.0, 0.0);
         let mut vcpu_tids = Vec::new();
         if state == State::Running {

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use domus_api::daemon::State;
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// How many lines the daemon log keeps (the oldest go first).
@@ -23,8 +24,9 @@ pub struct Row {
     pub pid: Option<i64>,
     /// The VMM's start time in clock ticks since boot (/proc/PID/stat).
     pub start_time: Option<i64>,
-    /// creating, running, shutdown, crashed, destroying.
-    pub state: String,
+    /// Creating, Running, Restarting, Destroying, Shutdown or Crashed (a
+    /// paused domain is Running here; pausing is the VMM's).
+    pub state: State,
     pub restarts: i64,
     pub memory_mib: i64,
 }
@@ -74,7 +76,16 @@ impl Db {
             overrides: r.get(5)?,
             pid: r.get(6)?,
             start_time: r.get(7)?,
-            state: r.get(8)?,
+            state: {
+                let s: String = r.get(8)?;
+                State::parse(&s).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        8,
+                        rusqlite::types::Type::Text,
+                        format!("unknown domain state '{s}'").into(),
+                    )
+                })?
+            },
             restarts: r.get(9)?,
             memory_mib: r.get(10)?,
         })
@@ -124,10 +135,10 @@ impl Db {
         Ok(())
     }
 
-    pub fn set_state(&self, id: i64, state: &str) -> rusqlite::Result<()> {
+    pub fn set_state(&self, id: i64, state: State) -> rusqlite::Result<()> {
         self.conn.execute(
             "UPDATE domains SET state = ?2 WHERE id = ?1",
-            params![id, state],
+            params![id, state.as_str()],
         )?;
         Ok(())
     }
@@ -216,7 +227,7 @@ mod tests {
             overrides: "[]".into(),
             pid: None,
             start_time: None,
-            state: String::new(),
+            state: State::Creating,
             restarts: 0,
             memory_mib: 256,
         }
@@ -240,8 +251,8 @@ mod tests {
         let db = Db::open(&path).unwrap();
         let all = db.all().unwrap();
         assert_eq!(all.len(), 2);
-        assert_eq!((all[0].pid, all[0].state.as_str()), (Some(1234), "running"));
-        assert_eq!(all[1].state, "creating");
+        assert_eq!((all[0].pid, all[0].state), (Some(1234), State::Running));
+        assert_eq!(all[1].state, State::Creating);
         assert_eq!(db.log_lines().unwrap()[0].1, "hello");
         let _ = std::fs::remove_dir_all(dir);
     }

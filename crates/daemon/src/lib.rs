@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use domus_api::client::{ClientError, VmmClient};
+use domus_api::daemon::State;
 use domus_xlcfg::DomainConfig;
 
 pub use auth::{token, TcpApi};
@@ -80,7 +81,7 @@ pub enum Error {
     #[error("domain {name}: {msg}")]
     Start { name: String, msg: String },
     #[error("domain {name} is {state}")]
-    WrongState { name: String, state: String },
+    WrongState { name: String, state: State },
     #[error("state database: {0}")]
     Db(#[from] rusqlite::Error),
     #[error("{0}")]
@@ -247,10 +248,10 @@ impl Daemon {
 
     /// A typed client of domain `r`'s own API, if it is running.
     fn vmm(&self, r: &db::Row) -> Result<VmmClient> {
-        if r.state != "running" {
+        if r.state != State::Running {
             return Err(Error::WrongState {
                 name: r.name.clone(),
-                state: r.state.clone(),
+                state: r.state,
             });
         }
         Ok(VmmClient::new(self.api_sock(r)))

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use domus_api::client::VmmClient;
-use domus_api::daemon::Created;
+use domus_api::daemon::{Created, State};
 use domus_api::spec::{ConsoleSpec, DiskSpec, NetSpec, VmSpec};
 use domus_api::vmm::RateLimit;
 use domus_api::vmm::{DeviceInfo, DomainState};
@@ -33,9 +33,9 @@ impl Daemon {
             );
         }
         for r in rows {
-            match r.state.as_str() {
+            match r.state {
                 // A create the last daemon did not finish: undo it.
-                "creating" => {
+                State::Creating => {
                     if let Some(pid) = r.pid {
                         if alive(pid, r.start_time) {
                             // SAFETY: kill(2) on a pid we started.
@@ -49,7 +49,7 @@ impl Daemon {
                         &format!("removed half-created domain {}", r.name),
                     );
                 }
-                "running" if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
+                State::Running if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
                     // What the model keeps of it, asked once (a VMM that
                     // does not answer now is asked again by describe()).
                     let api =
@@ -77,7 +77,7 @@ impl Daemon {
                         &format!("found domain {} (pid {:?})", r.name, r.pid),
                     );
                 }
-                "running" => {
+                State::Running => {
                     self.log_domain(
                         &r.name,
                         true,
@@ -99,7 +99,7 @@ impl Daemon {
         Ok(reserved_mib(
             rows.iter()
                 .filter(|r| Some(r.id) != except)
-                .map(|r| (r.state.as_str(), r.memory_mib)),
+                .map(|r| (r.state, r.memory_mib)),
         ))
     }
 
@@ -141,7 +141,7 @@ impl Daemon {
             overrides: serde_json::to_string(overrides).unwrap_or_else(|_| "[]".into()),
             pid: None,
             start_time: None,
-            state: "creating".into(),
+            state: State::Creating,
             restarts: 0,
             memory_mib: c.memory_mib as i64,
         };
@@ -373,7 +373,7 @@ impl Daemon {
     pub fn destroy(&self, dom: &str) -> Result<()> {
         let _guard = lock(&self.lifecycle);
         let r = self.find(dom)?;
-        lock(&self.db).set_state(r.id, "destroying")?;
+        lock(&self.db).set_state(r.id, State::Destroying)?;
         let child = lock(&self.live).remove(&r.id).and_then(|l| l.child);
         if let Some(pid) = r.pid {
             if alive(pid, r.start_time) {
@@ -484,9 +484,9 @@ pub(crate) fn net_spec(tap: String, v: &domus_xlcfg::Vif, mac: Option<String>) -
 }
 
 /// What domains in these (state, memory) pairs hold of the host's memory.
-fn reserved_mib<'a>(domains: impl Iterator<Item = (&'a str, i64)>) -> u64 {
+fn reserved_mib(domains: impl Iterator<Item = (State, i64)>) -> u64 {
     domains
-        .filter(|(state, _)| *state != "shutdown" && *state != "crashed")
+        .filter(|(state, _)| !matches!(state, State::Shutdown | State::Crashed))
         .map(|(_, mib)| mib.max(0) as u64)
         .sum()
 }
@@ -514,12 +514,12 @@ mod tests {
     #[test]
     fn stopped_domains_give_their_memory_back() {
         let ds = [
-            ("running", 512),
-            ("restarting", 256),
-            ("creating", 128),
-            ("shutdown", 1024),
-            ("crashed", 2048),
-            ("running", -5),
+            (State::Running, 512),
+            (State::Restarting, 256),
+            (State::Creating, 128),
+            (State::Shutdown, 1024),
+            (State::Crashed, 2048),
+            (State::Running, -5),
         ];
         assert_eq!(reserved_mib(ds.into_iter()), 512 + 256 + 128);
     }

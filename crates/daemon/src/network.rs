@@ -4,6 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use domus_api::daemon::State;
 use domus_api::vmm::{DeviceInfo, PlugRequest, Unplugging};
 
 use crate::{vmm_error, Daemon, Error, Result};
@@ -64,7 +65,7 @@ impl Daemon {
         specs.push(vif.spec());
         let list = domus_xlcfg::list_value(&specs)
             .ok_or_else(|| Error::Invalid("a vif cannot hold quotes".into()))?;
-        if r.state != "running" {
+        if r.state != State::Running {
             return Err(Error::WrongState {
                 name: r.name,
                 state: r.state,

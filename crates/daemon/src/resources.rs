@@ -1,7 +1,7 @@
 //! Memory and CPU of a domain: mem-set, mem-max, sched-credit, vcpu-list
 //! and vcpu-pin.
 
-use domus_api::daemon::{Maxmem, Sched, Vcpu};
+use domus_api::daemon::{Maxmem, Sched, State, Vcpu};
 use domus_api::vmm::{BalloonInfo, VcpuPin};
 
 use crate::host::{allowed_cpus, cpu_seconds, host_memory_mib};
@@ -46,8 +46,8 @@ impl Daemon {
                 r.name, r.memory_mib
             )));
         }
-        let ram = match r.state.as_str() {
-            "running" => Some(self.vmm(&r)?.domain().map_err(vmm_error(&r))?.memory_mib),
+        let ram = match r.state {
+            State::Running => Some(self.vmm(&r)?.domain().map_err(vmm_error(&r))?.memory_mib),
             _ => None,
         };
         c.maxmem_mib = mib;

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
+use domus_api::daemon::State;
 use domus_xlcfg::Action;
 
 use crate::host::alive;
@@ -118,8 +119,8 @@ impl End {
 pub(crate) enum Next {
     /// Remove it and everything it had (xl's destroy).
     Remove,
-    /// Keep it, stopped, in this state: "shutdown" or "crashed" (preserve).
-    Keep(&'static str),
+    /// Keep it, stopped, in this state: Shutdown or Crashed (preserve).
+    Keep(State),
     /// Start it again once this long has passed (restart).
     Restart(Duration),
 }
@@ -141,8 +142,8 @@ pub(crate) fn next(end: End, actions: Option<[Action; 3]>, restarts: i64) -> (Ac
     };
     let next = match act {
         Action::Destroy => Next::Remove,
-        Action::Preserve if end == End::Crashed => Next::Keep("crashed"),
-        Action::Preserve => Next::Keep("shutdown"),
+        Action::Preserve if end == End::Crashed => Next::Keep(State::Crashed),
+        Action::Preserve => Next::Keep(State::Shutdown),
         Action::Restart if end == End::Crashed => {
             Next::Restart(Duration::from_secs((restarts.max(0) as u64 + 1).min(30)))
         }
@@ -184,7 +185,7 @@ impl Daemon {
                 Ok(())
             }
             Next::Restart(wait) => {
-                lock(&self.db).set_state(r.id, "restarting")?;
+                lock(&self.db).set_state(r.id, State::Restarting)?;
                 lock(&self.live).insert(
                     r.id,
                     Live {
@@ -248,7 +249,7 @@ impl Daemon {
                     // Kept as crashed, unless a destroy removed it meanwhile
                     // (then what the start made goes too).
                     if let Ok(Some(_)) = self.still_there(&r) {
-                        let _ = lock(&self.db).set_state(r.id, "crashed");
+                        let _ = lock(&self.db).set_state(r.id, State::Crashed);
                     }
                 }
             }
@@ -312,7 +313,7 @@ impl Daemon {
                 match live.get_mut(&r.id) {
                     Some(Live {
                         child: Some(ch), ..
-                    }) if r.state == "running" => {
+                    }) if r.state == State::Running => {
                         if let Ok(Some(st)) = ch.try_wait() {
                             ended = Some(Some(st));
                         }
@@ -320,9 +321,9 @@ impl Daemon {
                     Some(Live {
                         restart_at: Some(t),
                         ..
-                    }) if r.state == "restarting" => restart = Instant::now() >= *t,
+                    }) if r.state == State::Restarting => restart = Instant::now() >= *t,
                     Some(_)
-                        if r.state == "running"
+                        if r.state == State::Running
                             && !r.pid.is_some_and(|p| alive(p, r.start_time)) =>
                     {
                         // Not our child (started by an earlier daemon): its
@@ -374,11 +375,14 @@ mod tests {
         );
         assert_eq!(
             next(End::Crashed, acts, 0),
-            (Preserve, Next::Keep("crashed"))
+            (Preserve, Next::Keep(State::Crashed))
         );
         let keep = Some([Preserve, Preserve, Destroy]);
-        assert_eq!(next(End::PoweredOff, keep, 0).1, Next::Keep("shutdown"));
-        assert_eq!(next(End::Rebooted, keep, 0).1, Next::Keep("shutdown"));
+        assert_eq!(
+            next(End::PoweredOff, keep, 0).1,
+            Next::Keep(State::Shutdown)
+        );
+        assert_eq!(next(End::Rebooted, keep, 0).1, Next::Keep(State::Shutdown));
         assert_eq!(next(End::Crashed, keep, 0).1, Next::Remove);
         // A configuration that no longer loads: nothing to restart from.
         for end in [End::PoweredOff, End::Rebooted, End::Crashed] {
