@@ -450,7 +450,7 @@ mod tests {
             (plugged.id.as_str(), plugged.kind.as_str()),
             ("vdb", "block")
         );
-        assert_eq!(plugged.info["path"], "/img/b");
+        assert_eq!(plugged.fact("path"), "/img/b");
         let gone = VmmClient::new(dir.join("nothing.sock"))
             .domain()
             .unwrap_err();
