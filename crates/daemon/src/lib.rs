@@ -30,16 +30,20 @@ mod lifecycle;
 mod network;
 #[cfg(test)]
 mod openapi_check;
+#[cfg(test)]
+mod races;
 mod resources;
 mod supervise;
 mod watch;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use domus_api::client::{ClientError, VmmClient};
 use domus_api::daemon::State;
+use domus_api::spec::VmSpec;
 use domus_xlcfg::DomainConfig;
 
 pub use auth::{token, TcpApi};
@@ -124,6 +128,7 @@ pub struct Daemon {
     stale_cgroups: Mutex<Vec<String>>,
     /// Wakes the monitor (see [`watch`]).
     waker: watch::Waker,
+    launcher: Box<dyn Launcher>,
 }
 
 impl Daemon {
@@ -172,13 +177,42 @@ pub fn instance_tag(state: &Path) -> String {
     format!("{:04x}", h & 0xffff)
 }
 
+/// How the daemon starts a VMM process: `domus run --config` (the command
+/// it is handed) in production; the daemon's own tests hand in a stand-in
+/// VMM, so its lifecycle and races are tested without KVM.
+pub trait Launcher: Send + Sync {
+    /// Starts the VMM of `spec` (whose file `cmd` names).
+    fn launch(&self, cmd: &mut Command, spec: &VmSpec) -> std::io::Result<Child>;
+}
+
+/// Runs the command.
+struct Exec;
+
+impl Launcher for Exec {
+    fn launch(&self, cmd: &mut Command, _spec: &VmSpec) -> std::io::Result<Child> {
+        cmd.spawn()
+    }
+}
+
 impl Daemon {
     /// Opens the state and finds the domains a previous daemon left.
     pub fn open(state: PathBuf, domus: PathBuf, reserve_mib: u64) -> Result<Arc<Self>> {
-        std::fs::create_dir_all(state.join("domains"))?;
-        let db = Db::open(&state.join("state.db"))?;
         let base = cgroup::root();
         let cgroup_base = base.join("cgroup.controllers").exists().then_some(base);
+        Self::open_with(state, domus, reserve_mib, cgroup_base, Box::new(Exec))
+    }
+
+    /// [`Daemon::open`] with its cgroup root (None: no cgroups) and the way
+    /// it starts VMMs given.
+    pub fn open_with(
+        state: PathBuf,
+        domus: PathBuf,
+        reserve_mib: u64,
+        cgroup_base: Option<PathBuf>,
+        launcher: Box<dyn Launcher>,
+    ) -> Result<Arc<Self>> {
+        std::fs::create_dir_all(state.join("domains"))?;
+        let db = Db::open(&state.join("state.db"))?;
         let d = Arc::new(Self {
             tag: instance_tag(&state),
             state,
@@ -190,6 +224,7 @@ impl Daemon {
             lifecycle: Mutex::new(()),
             stale_cgroups: Mutex::new(Vec::new()),
             waker: watch::Waker::new()?,
+            launcher,
         });
         d.recover()?;
         Ok(d)

@@ -167,13 +167,21 @@ impl Daemon {
                 })
             }
             Err(e) => {
-                self.log_domain(&c.name, true, &format!("creating {} failed: {e}", c.name));
-                // A destroy that came in meanwhile removed the row; what the
-                // start made after that (directory, cgroup, taps) goes now.
+                // A destroy that came in meanwhile (it holds the lifecycle
+                // lock throughout, so it has finished once this has the
+                // lock) removed the row; what the start made after that
+                // (directory, cgroup, taps) goes now, and the start's failure
+                // (its directory vanished, its VMM was killed) is that
+                // destroy's doing.
+                let _guard = lock(&self.lifecycle);
                 let Some(r) = lock(&self.db).get(id)? else {
                     self.cleanup(&row)?;
-                    return Err(e);
+                    return Err(Error::NoSuchDomain(format!(
+                        "{} (destroyed while it was being created)",
+                        c.name
+                    )));
                 };
+                self.log_domain(&c.name, true, &format!("creating {} failed: {e}", c.name));
                 if let Some(pid) = r.pid.filter(|p| alive(*p, r.start_time)) {
                     // SAFETY: kill(2) on the VMM we started (still the same
                     // process: its start time matches).
@@ -287,7 +295,7 @@ impl Daemon {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn()?;
+        let mut child = self.launcher.launch(&mut cmd, &spec)?;
         drop(procs);
         let pid = i64::from(child.id());
         let st = start_time(pid).unwrap_or(0);
