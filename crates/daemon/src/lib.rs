@@ -16,7 +16,8 @@
 //! `accounting` (what `list` and the metrics show), `console` (a
 //! domain's console log through the API), `host` (/proc and
 //! scheduler facts), `cgroup`, `db` (the state database), `auth` (the TCP
-//! API's token) and `api` (the REST routes).
+//! API's token) and `api` (the REST routes). VMMs are started through a
+//! [`Launcher`]; the tests in `races` hand in a stand-in VMM.
 
 mod accounting;
 pub mod api;
