@@ -216,16 +216,18 @@ where
     }
 }
 
+/// One value read by [`either`], for the containers below.
+#[derive(Deserialize)]
+#[serde(bound = "T: FromStr<Err = String> + DeserializeOwned + Checked")]
+struct Either<T>(#[serde(deserialize_with = "either")] T);
+
 /// [`either`] for an optional field.
 pub(crate) fn either_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: FromStr<Err = String> + DeserializeOwned + Checked,
 {
-    #[derive(Deserialize)]
-    #[serde(bound = "T: FromStr<Err = String> + DeserializeOwned + Checked")]
-    struct One<T>(#[serde(deserialize_with = "either")] T);
-    Ok(Option::<One<T>>::deserialize(d)?.map(|o| o.0))
+    Ok(Option::<Either<T>>::deserialize(d)?.map(|e| e.0))
 }
 
 /// [`either`] for a list.
@@ -234,12 +236,9 @@ where
     D: Deserializer<'de>,
     T: FromStr<Err = String> + DeserializeOwned + Checked,
 {
-    #[derive(Deserialize)]
-    #[serde(bound = "T: FromStr<Err = String> + DeserializeOwned + Checked")]
-    struct One<T>(#[serde(deserialize_with = "either")] T);
-    Ok(Vec::<One<T>>::deserialize(d)?
+    Ok(Vec::<Either<T>>::deserialize(d)?
         .into_iter()
-        .map(|o| o.0)
+        .map(|e| e.0)
         .collect())
 }
 
