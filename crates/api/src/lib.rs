@@ -10,6 +10,8 @@
 //! - [`daemon`]: the daemon's API (`domusd.sock`), documented in
 //!   `api/daemon.openapi.json`, and its typed client
 //!   ([`client::DaemonClient`]).
+//! - [`domain`]: a domain's configuration as the daemon stores it
+//!   ([`domain::DomainConfig`], parsed from xl.cfg by `domus-xlcfg`).
 //! - [`spec`]: what a domain is made of ([`spec::VmSpec`], which
 //!   `domus run --config` reads), its disks and interfaces, in JSON or in
 //!   the command-line syntax, parsed and checked once.
@@ -17,6 +19,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod domain;
 pub mod openapi;
 pub mod spec;
 pub mod vmm;

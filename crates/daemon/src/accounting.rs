@@ -98,7 +98,7 @@ impl Daemon {
     /// A domain as the API and `list` show it, from the daemon's model and
     /// /proc (no round trip to its VMM).
     pub fn describe(&self, r: &db::Row) -> Domain {
-        let c = self.load(r).ok();
+        let c = &r.config;
         let mut state = r.state;
         let (mut cpu, mut vcpu_time) = (0.0, 0.0);
         let mut vcpu_tids = Vec::new();
@@ -128,10 +128,10 @@ impl Daemon {
             state,
             pid: r.pid,
             memory_mib: r.memory_mib.max(0) as u64,
-            maxmem_mib: c.as_ref().map(|c| c.maxmem_mib),
-            vcpus: c.as_ref().map(|c| c.vcpus),
-            cpu_weight: c.as_ref().map(|c| c.cpu_weight),
-            cap: c.as_ref().map(|c| c.cap),
+            maxmem_mib: Some(c.maxmem_mib),
+            vcpus: Some(c.vcpus),
+            cpu_weight: Some(c.cpu_weight),
+            cap: Some(c.cap),
             cpu_time_s: cpu,
             vcpu_time_s: vcpu_time,
             io_time_s: (cpu - vcpu_time).max(0.0),
@@ -141,9 +141,9 @@ impl Daemon {
                 .get(&r.id)
                 .and_then(|l| l.requested)
                 .map(|q| q.as_str().to_string()),
-            on_poweroff: c.as_ref().map(|c| c.on_poweroff.as_str().to_string()),
-            on_reboot: c.as_ref().map(|c| c.on_reboot.as_str().to_string()),
-            on_crash: c.as_ref().map(|c| c.on_crash.as_str().to_string()),
+            on_poweroff: Some(c.on_poweroff.as_str().to_string()),
+            on_reboot: Some(c.on_reboot.as_str().to_string()),
+            on_crash: Some(c.on_crash.as_str().to_string()),
         }
     }
 

@@ -18,11 +18,14 @@ impl Daemon {
                 disk.path.display()
             )));
         }
-        let c = self.load(&r)?;
-        let mut specs: Vec<String> = c.disks.iter().map(|d| d.spec()).collect();
-        specs.push(disk.spec());
-        let list = domus_xlcfg::list_value(&specs)
-            .ok_or_else(|| Error::Invalid("a disk path cannot hold quotes".into()))?;
+        if let Some(d) = r.config.disks.iter().find(|d| d.vdev == disk.vdev) {
+            return Err(Error::Invalid(format!(
+                "domain {} already has a disk {} ({})",
+                r.name,
+                d.vdev,
+                d.path.display()
+            )));
+        }
         let dev = self
             .vmm(&r)?
             .plug(&PlugRequest {
@@ -30,7 +33,10 @@ impl Daemon {
                 net: None,
             })
             .map_err(vmm_error(&r))?;
-        self.remember(&r, "disk", &list)?;
+        self.update_config(r.id, |c| {
+            c.disks.push(disk.clone());
+            Ok(())
+        })?;
         self.log_domain(
             &r.name,
             false,
@@ -65,18 +71,16 @@ impl Daemon {
         let d = Self::device(&r, &api, id, "block")?;
         let path = d.fact("path").to_string();
         let v = api.unplug(id).map_err(vmm_error(&r))?;
-        let c = self.load(&r)?;
-        let mut disks = c.disks.clone();
-        if let Some(i) = disks
-            .iter()
-            .position(|x| x.path.display().to_string() == path)
-        {
-            disks.remove(i);
-        }
-        let specs: Vec<String> = disks.iter().map(|d| d.spec()).collect();
-        if let Some(list) = domus_xlcfg::list_value(&specs) {
-            self.remember(&r, "disk", &list)?;
-        }
+        self.update_config(r.id, |c| {
+            if let Some(i) = c
+                .disks
+                .iter()
+                .position(|x| x.path.display().to_string() == path)
+            {
+                c.disks.remove(i);
+            }
+            Ok(())
+        })?;
         self.log_domain(
             &r.name,
             false,

@@ -6,7 +6,8 @@
 //! domain running, and a new daemon finds them all again.
 //!
 //! State directory layout: `domusd.sock` (the daemon's REST API),
-//! `state.db`, and `domains/<id>/` with the domain's `api.sock`,
+//! `state.db` (each domain's row: its typed configuration, VMM and
+//! state), and `domains/<id>/` with the domain's `api.sock`,
 //! `console.log` and `vmm.log`.
 //!
 //! Where things are: `lifecycle` (create, start, destroy, rename, recovery
@@ -213,7 +214,7 @@ impl Daemon {
         launcher: Box<dyn Launcher>,
     ) -> Result<Arc<Self>> {
         std::fs::create_dir_all(state.join("domains"))?;
-        let db = Db::open(&state.join("state.db"))?;
+        let db = Db::open(&state.join("state.db"), &upgrade)?;
         let d = Arc::new(Self {
             tag: instance_tag(&state),
             state,
@@ -249,26 +250,6 @@ impl Daemon {
         lock(&self.db).log(msg);
     }
 
-    fn load(&self, r: &db::Row) -> Result<DomainConfig> {
-        let overrides: Vec<String> = serde_json::from_str(&r.overrides).unwrap_or_default();
-        let mut c = domus_xlcfg::load(&r.cfg_file, &r.cfg_text, &overrides)?.config;
-        let dir = Path::new(&r.cfg_dir);
-        let abs = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = dir.join(&*p);
-            }
-        };
-        abs(&mut c.kernel);
-        if let Some(r) = c.ramdisk.as_mut() {
-            abs(r);
-        }
-        for d in &mut c.disks {
-            abs(&mut d.path);
-        }
-        c.name = r.name.clone();
-        Ok(c)
-    }
-
     /// Finds a domain by id or name.
     pub fn find(&self, dom: &str) -> Result<db::Row> {
         let db = lock(&self.db);
@@ -293,14 +274,22 @@ impl Daemon {
         Ok(VmmClient::new(self.api_sock(r)))
     }
 
-    /// Adds `key=value` to a domain's stored overrides (replacing an
-    /// earlier one for the key), so the change outlives restarts.
-    fn remember(&self, r: &db::Row, key: &str, value: &str) -> Result<()> {
-        let mut o: Vec<String> = serde_json::from_str(&r.overrides).unwrap_or_default();
-        o.retain(|x| x.split('=').next() != Some(key));
-        o.push(format!("{key}={value}"));
-        lock(&self.db).set_overrides(r.id, &serde_json::to_string(&o).unwrap_or_default())?;
-        Ok(())
+    /// Changes domain `id`'s stored configuration with `change`, which
+    /// sees the latest one (what changed since `id` was looked up
+    /// included), so the change outlives restarts.
+    fn update_config(
+        &self,
+        id: i64,
+        change: impl FnOnce(&mut DomainConfig) -> Result<()>,
+    ) -> Result<DomainConfig> {
+        let db = lock(&self.db);
+        let mut c = db
+            .get(id)?
+            .ok_or_else(|| Error::NoSuchDomain(id.to_string()))?
+            .config;
+        change(&mut c)?;
+        db.set_config(id, &c)?;
+        Ok(c)
     }
 
     fn cgroup_path(&self, r: &db::Row) -> Option<PathBuf> {
@@ -308,6 +297,18 @@ impl Daemon {
             .as_ref()
             .map(|b| cgroup::group(b, &self.cgroup_name(r.id)))
     }
+}
+
+/// A version 0 database's domain configuration (xl.cfg text, its file and
+/// directory, `key=value` overrides), parsed as that daemon did on every
+/// use; now once.
+fn upgrade(l: &db::Legacy) -> std::result::Result<DomainConfig, String> {
+    let mut c = domus_xlcfg::load(&l.cfg_file, &l.cfg_text, &l.overrides)
+        .map_err(|e| e.to_string())?
+        .config;
+    c.make_absolute(Path::new(&l.cfg_dir));
+    c.name = l.name.clone();
+    Ok(c)
 }
 
 /// Runs the daemon until it is killed: serves the API and monitors domains.

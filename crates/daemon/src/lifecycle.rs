@@ -3,6 +3,7 @@
 //! power button.
 
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use crate::host::{alive, host_memory_mib, start_time};
 use crate::network::ip;
 use crate::supervise::{exit_file_status, Live, Request};
 use crate::watch;
-use crate::{cgroup, db, domain_dir, limits, lock, vmm_error, Daemon, Error, Result, Row};
+use crate::{cgroup, db, domain_dir, limits, lock, vmm_error, Daemon, Error, Result};
 
 impl Daemon {
     pub(crate) fn recover(&self) -> Result<()> {
@@ -114,7 +115,9 @@ impl Daemon {
         )
     }
 
-    /// Creates and starts a domain from a configuration file's text.
+    /// Creates and starts a domain from a configuration file's text (its
+    /// relative paths are relative to `dir`), parsed once into the domain's
+    /// stored configuration.
     pub fn create(
         &self,
         file: &str,
@@ -122,7 +125,8 @@ impl Daemon {
         text: &str,
         overrides: &[String],
     ) -> Result<Created> {
-        let loaded = domus_xlcfg::load(file, text, overrides)?;
+        let mut loaded = domus_xlcfg::load(file, text, overrides)?;
+        loaded.config.make_absolute(Path::new(dir));
         let c = &loaded.config;
         // The name check, admission and the row (which reserves the name and
         // the memory) happen under the lifecycle lock; starting the VMM does
@@ -135,10 +139,7 @@ impl Daemon {
         let row = db::Row {
             id: 0,
             name: c.name.clone(),
-            cfg_text: text.into(),
-            cfg_file: file.into(),
-            cfg_dir: dir.into(),
-            overrides: serde_json::to_string(overrides).unwrap_or_else(|_| "[]".into()),
+            config: c.clone(),
             pid: None,
             start_time: None,
             state: State::Creating,
@@ -215,7 +216,7 @@ impl Daemon {
     /// Starts the VMM of a domain whose row exists; waits until its API
     /// answers.
     pub(crate) fn start(&self, r: &db::Row) -> Result<()> {
-        let c = self.load(r)?;
+        let c = &r.config;
         let dir = domain_dir(&self.state, r.id);
         std::fs::create_dir_all(&dir)?;
         let api = dir.join("api.sock");
@@ -270,7 +271,7 @@ impl Daemon {
             .stderr(Stdio::from(log));
         let procs = match &self.cgroup_base {
             Some(base) => {
-                let g = cgroup::create(base, &self.cgroup_name(r.id), &limits(&c))?;
+                let g = cgroup::create(base, &self.cgroup_name(r.id), &limits(c))?;
                 Some(
                     std::fs::OpenOptions::new()
                         .write(true)
@@ -343,8 +344,7 @@ impl Daemon {
 
     /// Removes everything of a domain: taps, cgroup, files, row.
     pub(crate) fn cleanup(&self, r: &db::Row) -> Result<()> {
-        let c = self.load(r).ok();
-        let n = c.as_ref().map_or(0, |c| c.vifs.len());
+        let n = r.config.vifs.len();
         let mut taps: Vec<String> = (0..n).map(|i| self.tap_name(r.id, i)).collect();
         taps.extend(self.taps(r.id));
         taps.dedup();
@@ -409,19 +409,14 @@ impl Daemon {
     pub fn rename(&self, dom: &str, new: &str) -> Result<()> {
         let _guard = lock(&self.lifecycle);
         let r = self.find(dom)?;
-        domus_xlcfg::load("name", &format!("name = '{new}'\nkernel = '/'"), &[])?;
+        domus_xlcfg::check_name(new).map_err(Error::Invalid)?;
         if lock(&self.db).all()?.iter().any(|x| x.name == new) {
             return Err(Error::NameInUse(new.into()));
         }
-        lock(&self.db).rename(r.id, new)?;
-        self.remember(
-            &Row {
-                name: new.into(),
-                ..r.clone()
-            },
-            "name",
-            new,
-        )?;
+        self.update_config(r.id, |c| {
+            c.name = new.into();
+            Ok(())
+        })?;
         self.log_domain(
             &r.name,
             false,

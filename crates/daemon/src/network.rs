@@ -60,11 +60,6 @@ impl Daemon {
             format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
         });
         vif.mac = Some(mac.clone());
-        let c = self.load(&r)?;
-        let mut specs: Vec<String> = c.vifs.iter().map(|v| v.spec()).collect();
-        specs.push(vif.spec());
-        let list = domus_xlcfg::list_value(&specs)
-            .ok_or_else(|| Error::Invalid("a vif cannot hold quotes".into()))?;
         if r.state != State::Running {
             return Err(Error::WrongState {
                 name: r.name,
@@ -92,7 +87,10 @@ impl Daemon {
                 return Err(e);
             }
         };
-        self.remember(&r, "vif", &list)?;
+        self.update_config(r.id, |c| {
+            c.vifs.push(vif);
+            Ok(())
+        })?;
         self.log_domain(
             &r.name,
             false,
@@ -124,22 +122,20 @@ impl Daemon {
         let mac = d.fact("mac").to_string();
         let tap = d.fact("tap").to_string();
         let v = api.unplug(&id).map_err(vmm_error(&r))?;
-        let c = self.load(&r)?;
-        let mut vifs = c.vifs.clone();
-        let pos = vifs
-            .iter()
-            .position(|x| x.mac.as_deref() == Some(mac.as_str()))
-            .or_else(|| {
-                // A vif without a MAC: its place is its tap's index.
-                tap.rsplit('n').next().and_then(|i| i.parse::<usize>().ok())
-            });
-        if let Some(i) = pos.filter(|i| *i < vifs.len()) {
-            vifs.remove(i);
-        }
-        let specs: Vec<String> = vifs.iter().map(|v| v.spec()).collect();
-        if let Some(list) = domus_xlcfg::list_value(&specs) {
-            self.remember(&r, "vif", &list)?;
-        }
+        self.update_config(r.id, |c| {
+            let pos = c
+                .vifs
+                .iter()
+                .position(|x| x.mac.as_deref() == Some(mac.as_str()))
+                .or_else(|| {
+                    // A vif without a MAC: its place is its tap's index.
+                    tap.rsplit('n').next().and_then(|i| i.parse::<usize>().ok())
+                });
+            if let Some(i) = pos.filter(|i| *i < c.vifs.len()) {
+                c.vifs.remove(i);
+            }
+            Ok(())
+        })?;
         // The tap goes once the guest has let go and the VMM closed it (at
         // most 60 s later; if the guest never does, destroy removes it).
         let (api, dev) = (api.with_timeout(Duration::from_secs(2)), id.clone());

@@ -12,7 +12,7 @@ impl Daemon {
     /// 64 MiB and maxmem, admitted against the host's free memory.
     pub fn mem_set(&self, dom: &str, mib: u64) -> Result<BalloonInfo> {
         let r = self.find(dom)?;
-        let c = self.load(&r)?;
+        let c = &r.config;
         if mib > c.maxmem_mib || mib < 64 {
             return Err(Error::Invalid(format!(
                 "{mib} MiB is outside 64 MiB to maxmem ({} MiB)",
@@ -33,7 +33,7 @@ impl Daemon {
     /// maximum above it takes effect at the domain's next start.
     pub fn mem_max(&self, dom: &str, mib: u64) -> Result<Maxmem> {
         let r = self.find(dom)?;
-        let mut c = self.load(&r)?;
+        let mut c = r.config.clone();
         if mib < 64 || mib > host_memory_mib() {
             return Err(Error::Invalid(format!(
                 "{mib} MiB is outside 64 MiB to the host's {} MiB",
@@ -60,7 +60,10 @@ impl Daemon {
                 },
             )?;
         }
-        self.remember(&r, "maxmem", &mib.to_string())?;
+        self.update_config(r.id, |c| {
+            c.maxmem_mib = mib;
+            Ok(())
+        })?;
         Ok(Maxmem {
             id: r.id,
             name: r.name,
@@ -87,22 +90,19 @@ impl Daemon {
                 )));
             }
         }
-        let mut c = self.load(&r)?;
-        if let Some(w) = weight {
-            c.cpu_weight = w;
-        }
-        if let Some(cp) = cap {
-            c.cap = cp;
-        }
-        if let Some(g) = self.cgroup_path(&r) {
-            cgroup::update(&g, &limits(&c))?;
-        }
-        if let Some(w) = weight {
-            self.remember(&r, "cpu_weight", &w.to_string())?;
-        }
-        if let Some(cp) = cap {
-            self.remember(&r, "cap", &cp.to_string())?;
-        }
+        let c = self.update_config(r.id, |c| {
+            if let Some(w) = weight {
+                c.cpu_weight = w;
+            }
+            if let Some(cp) = cap {
+                c.cap = cp;
+            }
+            // Kept only once enforced.
+            if let Some(g) = self.cgroup_path(&r) {
+                cgroup::update(&g, &limits(c))?;
+            }
+            Ok(())
+        })?;
         Ok(Sched {
             id: r.id,
             name: r.name,

@@ -126,15 +126,12 @@ pub(crate) enum Next {
 }
 
 /// The restart policy: what becomes of a domain that ended as `end`, given
-/// its configuration's actions (on_poweroff, on_reboot, on_crash; None when
-/// its configuration no longer loads, which removes it) and how often it
-/// has been restarted. A crash backs off 1 s per restart so far, at most
+/// its configuration's actions (on_poweroff, on_reboot, on_crash) and how
+/// often it has been restarted. A crash backs off 1 s per restart so far, at most
 /// 30 s, so a guest that crashes at once does not spin; a power-off or
 /// reboot restarts at once.
-pub(crate) fn next(end: End, actions: Option<[Action; 3]>, restarts: i64) -> (Action, Next) {
-    let Some([on_poweroff, on_reboot, on_crash]) = actions else {
-        return (Action::Destroy, Next::Remove);
-    };
+pub(crate) fn next(end: End, actions: [Action; 3], restarts: i64) -> (Action, Next) {
+    let [on_poweroff, on_reboot, on_crash] = actions;
     let act = match end {
         End::PoweredOff => on_poweroff,
         End::Rebooted => on_reboot,
@@ -156,10 +153,10 @@ impl Daemon {
     /// A domain's VMM ended with `status` (None: unknown, it was not our
     /// child); applies its on_poweroff / on_reboot / on_crash action.
     pub(crate) fn ended(&self, r: &db::Row, status: Option<ExitStatus>) -> Result<()> {
-        let c = self.load(r).ok();
+        let c = &r.config;
         let requested = lock(&self.live).get(&r.id).and_then(|l| l.requested);
         let end = End::of(status.and_then(|s| s.code()), requested);
-        let actions = c.map(|c| [c.on_poweroff, c.on_reboot, c.on_crash]);
+        let actions = [c.on_poweroff, c.on_reboot, c.on_crash];
         let (act, next) = next(end, actions, r.restarts);
         self.log_domain(
             &r.name,
@@ -367,7 +364,7 @@ mod tests {
     #[test]
     fn each_end_takes_its_own_action() {
         use Action::{Destroy, Preserve, Restart};
-        let acts = Some([Destroy, Restart, Preserve]);
+        let acts = [Destroy, Restart, Preserve];
         assert_eq!(next(End::PoweredOff, acts, 0), (Destroy, Next::Remove));
         assert_eq!(
             next(End::Rebooted, acts, 0),
@@ -377,22 +374,18 @@ mod tests {
             next(End::Crashed, acts, 0),
             (Preserve, Next::Keep(State::Crashed))
         );
-        let keep = Some([Preserve, Preserve, Destroy]);
+        let keep = [Preserve, Preserve, Destroy];
         assert_eq!(
             next(End::PoweredOff, keep, 0).1,
             Next::Keep(State::Shutdown)
         );
         assert_eq!(next(End::Rebooted, keep, 0).1, Next::Keep(State::Shutdown));
         assert_eq!(next(End::Crashed, keep, 0).1, Next::Remove);
-        // A configuration that no longer loads: nothing to restart from.
-        for end in [End::PoweredOff, End::Rebooted, End::Crashed] {
-            assert_eq!(next(end, None, 0), (Destroy, Next::Remove));
-        }
     }
 
     #[test]
     fn crashes_back_off_a_second_per_restart_up_to_30() {
-        let acts = Some([Action::Restart; 3]);
+        let acts = [Action::Restart; 3];
         let wait = |restarts| match next(End::Crashed, acts, restarts).1 {
             Next::Restart(d) => d.as_secs(),
             other => panic!("{other:?}"),

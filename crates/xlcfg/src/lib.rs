@@ -12,106 +12,7 @@ use std::path::PathBuf;
 
 use syntax::{Setting, Value};
 
-/// What happens when the guest powers off, reboots or crashes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    Destroy,
-    Restart,
-    Preserve,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Destroy => "destroy",
-            Action::Restart => "restart",
-            Action::Preserve => "preserve",
-        }
-    }
-}
-
-/// A disk from `disk = [...]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Disk {
-    pub path: PathBuf,
-    /// The virtual device name as written (xvda, hda, sda, vda, ...).
-    pub vdev: String,
-    pub read_only: bool,
-}
-
-impl Disk {
-    /// The disk as an xl disk spec (key=value form, `target=` last).
-    pub fn spec(&self) -> String {
-        format!(
-            "format=raw,vdev={},access={},target={}",
-            self.vdev,
-            if self.read_only { "ro" } else { "rw" },
-            self.path.display()
-        )
-    }
-}
-
-impl Vif {
-    /// The interface as an xl vif spec.
-    pub fn spec(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(m) = &self.mac {
-            parts.push(format!("mac={m}"));
-        }
-        if let Some(b) = &self.bridge {
-            parts.push(format!("bridge={b}"));
-        }
-        if let Some(i) = &self.ip {
-            parts.push(format!("ip={i}"));
-        }
-        if let Some(r) = self.rate {
-            parts.push(format!("rate={r}B/s"));
-        }
-        parts.join(",")
-    }
-}
-
-/// A list of strings in xl syntax (`['a', 'b']`); None if a string holds a
-/// quote, which xl strings cannot.
-pub fn list_value(items: &[String]) -> Option<String> {
-    if items.iter().any(|i| i.contains(['\'', '"'])) {
-        return None;
-    }
-    let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
-    Some(format!("[{}]", quoted.join(", ")))
-}
-
-/// An interface from `vif = [...]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Vif {
-    pub mac: Option<String>,
-    pub bridge: Option<String>,
-    pub ip: Option<String>,
-    /// Bytes per second.
-    pub rate: Option<u64>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct DomainConfig {
-    pub name: String,
-    pub memory_mib: u64,
-    pub maxmem_mib: u64,
-    pub vcpus: u32,
-    /// Host CPUs the vCPUs may run on, as a CPU list ("0-3,6").
-    pub cpus: Option<String>,
-    /// Credit scheduler weight, 1 to 65535 (default 256).
-    pub cpu_weight: u32,
-    /// CPU cap in percent of one CPU (0: none).
-    pub cap: u32,
-    pub kernel: PathBuf,
-    pub ramdisk: Option<PathBuf>,
-    pub cmdline: String,
-    pub disks: Vec<Disk>,
-    pub vifs: Vec<Vif>,
-    pub on_poweroff: Action,
-    pub on_reboot: Action,
-    pub on_crash: Action,
-}
+pub use domus_api::domain::{check_name, Action, Disk, DomainConfig, Vif};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -421,17 +322,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
     let name = match get("name") {
         Some(s) => {
             let n = string(&s).map_err(|m| invalid(&s, m))?;
-            let ok = !n.is_empty()
-                && n.len() <= 64
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                && !n.bytes().all(|b| b.is_ascii_digit());
-            if !ok {
-                return Err(invalid(
-                    &s,
-                    format!("'{n}' is not 1-64 of [A-Za-z0-9-_.] (and not all digits)"),
-                ));
-            }
+            check_name(&n).map_err(|m| invalid(&s, m))?;
             n
         }
         None => {
@@ -682,24 +573,31 @@ pool = "Pool-0"
     }
 
     #[test]
-    fn disks_and_vifs_print_back_as_specs() {
+    fn disk_and_vif_specs_become_records() {
         let d = parse_disk("vdev=xvdb,access=ro,target=/srv/a,b.img").unwrap();
-        assert_eq!(d.path, PathBuf::from("/srv/a,b.img"));
-        assert_eq!(parse_disk(&d.spec()).unwrap(), d);
+        assert_eq!(
+            d,
+            Disk {
+                path: PathBuf::from("/srv/a,b.img"),
+                vdev: "xvdb".into(),
+                read_only: true,
+            }
+        );
         let mut w = Vec::new();
         let v = parse_vif(
             "mac=52:54:00:AA:bb:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s",
             &mut w,
         )
         .unwrap();
-        assert_eq!(parse_vif(&v.spec(), &mut w).unwrap(), v);
-        assert!(w.is_empty());
         assert_eq!(
-            list_value(&["a".into(), "b,c".into()]).unwrap(),
-            "['a', 'b,c']"
+            v,
+            Vif {
+                mac: Some("52:54:00:aa:bb:01".into()),
+                bridge: Some("br0".into()),
+                ip: Some("10.0.0.2".into()),
+                rate: Some(1_250_000),
+            }
         );
-        assert!(list_value(&["it's".into()]).is_none());
-        let l = syntax::parse(&format!("disk = {}", list_value(&[d.spec()]).unwrap())).unwrap();
-        assert_eq!(l.len(), 1);
+        assert!(w.is_empty());
     }
 }
