@@ -195,7 +195,7 @@ impl Daemon {
             domain_memory_mib: used,
             free_memory_mib: host.saturating_sub(self.reserve_mib).saturating_sub(used),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cgroups: self.cgroup_base.is_some(),
+            cgroups: self.host.groups.is_some(),
         }
     }
 }

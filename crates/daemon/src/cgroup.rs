@@ -136,6 +136,70 @@ pub fn list(base: &Path, prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The domains' groups as the daemon uses them, so its tests can stand in
+/// for the host's cgroup v2 tree ([`Cgroup2`] is the real one).
+pub trait Groups: Send + Sync {
+    /// Creates (or updates) group `name` with `l`, and opens its
+    /// `cgroup.procs` for the VMM's fork to join it by writing `0`.
+    fn create(&self, name: &str, l: &Limits) -> std::io::Result<std::fs::File>;
+    /// Applies `l` to group `name`.
+    fn update(&self, name: &str, l: &Limits) -> std::io::Result<()>;
+    /// Kills every process in group `name`.
+    fn kill(&self, name: &str);
+    /// Removes group `name`, trying for `patience`.
+    fn remove(&self, name: &str, patience: Duration) -> std::io::Result<()>;
+    /// The groups whose names start with `prefix`.
+    fn list(&self, prefix: &str) -> Vec<String>;
+    /// How many processes of group `name` its memory limit has killed.
+    fn oom_kills(&self, name: &str) -> Option<u64>;
+}
+
+/// The cgroup v2 tree mounted at `base` (normally [`root`]).
+pub struct Cgroup2 {
+    pub base: PathBuf,
+}
+
+impl Cgroup2 {
+    /// The host's tree, if it has cgroup v2 controllers.
+    pub fn host() -> Option<Self> {
+        let base = root();
+        base.join("cgroup.controllers")
+            .exists()
+            .then_some(Self { base })
+    }
+}
+
+impl Groups for Cgroup2 {
+    fn create(&self, name: &str, l: &Limits) -> std::io::Result<std::fs::File> {
+        let g = create(&self.base, name, l)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(g.join("cgroup.procs"))
+    }
+
+    fn update(&self, name: &str, l: &Limits) -> std::io::Result<()> {
+        update(&group(&self.base, name), l)
+    }
+
+    fn kill(&self, name: &str) {
+        kill(&self.base, name)
+    }
+
+    fn remove(&self, name: &str, patience: Duration) -> std::io::Result<()> {
+        remove(&self.base, name, patience)
+    }
+
+    fn list(&self, prefix: &str) -> Vec<String> {
+        list(&self.base, prefix)
+    }
+
+    fn oom_kills(&self, name: &str) -> Option<u64> {
+        std::fs::read_to_string(group(&self.base, name).join("memory.events"))
+            .ok()
+            .and_then(|t| oom_kills(&t))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

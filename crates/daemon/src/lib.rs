@@ -17,8 +17,10 @@
 //! `accounting` (what `list` and the metrics show), `console` (a
 //! domain's console log through the API), `host` (/proc and
 //! scheduler facts), `cgroup`, `db` (the state database), `auth` (the TCP
-//! API's token) and `api` (the REST routes). VMMs are started through a
-//! [`Launcher`]; the tests in `races` hand in a stand-in VMM.
+//! API's token) and `api` (the REST routes). The daemon starts VMMs
+//! through a [`Launcher`] and makes taps and cgroups through [`Taps`] and
+//! [`Groups`] (together [`HostOps`]); the tests in `races` and `rollbacks`
+//! hand in the stand-ins of `fakes`.
 
 mod accounting;
 pub mod api;
@@ -27,6 +29,8 @@ pub mod cgroup;
 mod console;
 pub mod db;
 mod devices;
+#[cfg(test)]
+mod fakes;
 mod host;
 mod lifecycle;
 mod network;
@@ -35,6 +39,8 @@ mod openapi_check;
 #[cfg(test)]
 mod races;
 mod resources;
+#[cfg(test)]
+mod rollbacks;
 mod supervise;
 mod watch;
 
@@ -49,8 +55,10 @@ use domus_api::spec::VmSpec;
 use domus_xlcfg::DomainConfig;
 
 pub use auth::{token, TcpApi};
+pub use cgroup::{Cgroup2, Groups};
 pub use db::{Db, Row};
 pub use host::{allowed_cpus, cpu_seconds, host_memory_mib, rss_bytes, start_time};
+pub use network::{IpTaps, Taps};
 pub use supervise::Request;
 
 use supervise::Live;
@@ -118,7 +126,6 @@ pub struct Daemon {
     /// [`instance_tag`] of `state`.
     pub tag: String,
     pub domus: PathBuf,
-    pub cgroup_base: Option<PathBuf>,
     pub reserve_mib: u64,
     db: Mutex<Db>,
     live: Mutex<HashMap<i64, Live>>,
@@ -130,7 +137,7 @@ pub struct Daemon {
     stale_cgroups: Mutex<Vec<String>>,
     /// Wakes the monitor (see [`watch`]).
     waker: watch::Waker,
-    launcher: Box<dyn Launcher>,
+    host: HostOps,
 }
 
 impl Daemon {
@@ -187,6 +194,28 @@ pub trait Launcher: Send + Sync {
     fn launch(&self, cmd: &mut Command, spec: &VmSpec) -> std::io::Result<Child>;
 }
 
+/// What the daemon does to the host, each behind a trait so that its tests
+/// hand in stand-ins: how VMMs start, the taps, the cgroups.
+pub struct HostOps {
+    pub launcher: Box<dyn Launcher>,
+    pub taps: Arc<dyn Taps>,
+    /// None: the host has no cgroup v2 controllers (no weights, caps or
+    /// memory.max).
+    pub groups: Option<Box<dyn Groups>>,
+}
+
+impl HostOps {
+    /// The host's own: `domus run` processes, taps made with `ip`, cgroup
+    /// v2 under /sys/fs/cgroup if it has controllers.
+    pub fn real() -> Self {
+        Self {
+            launcher: Box::new(Exec),
+            taps: Arc::new(IpTaps),
+            groups: Cgroup2::host().map(|g| Box::new(g) as Box<dyn Groups>),
+        }
+    }
+}
+
 /// Runs the command.
 struct Exec;
 
@@ -199,19 +228,15 @@ impl Launcher for Exec {
 impl Daemon {
     /// Opens the state and finds the domains a previous daemon left.
     pub fn open(state: PathBuf, domus: PathBuf, reserve_mib: u64) -> Result<Arc<Self>> {
-        let base = cgroup::root();
-        let cgroup_base = base.join("cgroup.controllers").exists().then_some(base);
-        Self::open_with(state, domus, reserve_mib, cgroup_base, Box::new(Exec))
+        Self::open_with(state, domus, reserve_mib, HostOps::real())
     }
 
-    /// [`Daemon::open`] with its cgroup root (None: no cgroups) and the way
-    /// it starts VMMs given.
+    /// [`Daemon::open`] with the way it acts on the host given.
     pub fn open_with(
         state: PathBuf,
         domus: PathBuf,
         reserve_mib: u64,
-        cgroup_base: Option<PathBuf>,
-        launcher: Box<dyn Launcher>,
+        host: HostOps,
     ) -> Result<Arc<Self>> {
         std::fs::create_dir_all(state.join("domains"))?;
         let db = Db::open(&state.join("state.db"), &upgrade)?;
@@ -219,14 +244,13 @@ impl Daemon {
             tag: instance_tag(&state),
             state,
             domus,
-            cgroup_base,
             reserve_mib,
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(()),
             stale_cgroups: Mutex::new(Vec::new()),
             waker: watch::Waker::new()?,
-            launcher,
+            host,
         });
         d.recover()?;
         Ok(d)
@@ -291,12 +315,6 @@ impl Daemon {
         db.set_config(id, &c)?;
         Ok(c)
     }
-
-    fn cgroup_path(&self, r: &db::Row) -> Option<PathBuf> {
-        self.cgroup_base
-            .as_ref()
-            .map(|b| cgroup::group(b, &self.cgroup_name(r.id)))
-    }
 }
 
 /// A version 0 database's domain configuration (xl.cfg text, its file and
@@ -330,7 +348,7 @@ pub fn run(state: PathBuf, reserve_mib: u64, tcp: Option<TcpApi>) -> Result<()> 
     d.log(&format!(
         "started (state {}, cgroups {})",
         d.state.display(),
-        if d.cgroup_base.is_some() {
+        if d.host.groups.is_some() {
             "on"
         } else {
             "unavailable"

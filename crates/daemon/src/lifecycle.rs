@@ -14,21 +14,21 @@ use domus_api::vmm::RateLimit;
 use domus_api::vmm::{DeviceInfo, DomainState};
 
 use crate::host::{alive, host_memory_mib, start_time};
-use crate::network::ip;
 use crate::supervise::{exit_file_status, Live, Request};
 use crate::watch;
-use crate::{cgroup, db, domain_dir, limits, lock, vmm_error, Daemon, Error, Result};
+use crate::{db, domain_dir, limits, lock, vmm_error, Daemon, Error, Result};
 
 impl Daemon {
     pub(crate) fn recover(&self) -> Result<()> {
         let rows = lock(&self.db).all()?;
         // Groups of domains that ended while no daemon ran, or that the last
         // daemon had not removed yet.
-        if let Some(base) = &self.cgroup_base {
+        if let Some(groups) = &self.host.groups {
             let known: Vec<String> = rows.iter().map(|r| self.cgroup_name(r.id)).collect();
             let prefix = format!("{}-d", self.tag);
             lock(&self.stale_cgroups).extend(
-                cgroup::list(base, &prefix)
+                groups
+                    .list(&prefix)
                     .into_iter()
                     .filter(|n| !known.contains(n)),
             );
@@ -241,15 +241,11 @@ impl Daemon {
         // A restart finds the taps of the VMM that ended (hot-plugged ones
         // too): start afresh.
         for t in self.taps(r.id) {
-            let _ = ip(&["link", "del", &t]);
+            let _ = self.host.taps.remove(&t);
         }
         for (i, v) in c.vifs.iter().enumerate() {
             let tap = self.tap_name(r.id, i);
-            ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
-            if let Some(br) = &v.bridge {
-                ip(&["link", "set", &tap, "master", br])?;
-            }
-            ip(&["link", "set", &tap, "up"])?;
+            self.host.taps.add(&tap, v.bridge.as_deref())?;
             spec.nets.push(net_spec(tap, v, v.mac.clone()));
         }
         let spec_file = dir.join("vm.json");
@@ -269,15 +265,8 @@ impl Daemon {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));
-        let procs = match &self.cgroup_base {
-            Some(base) => {
-                let g = cgroup::create(base, &self.cgroup_name(r.id), &limits(c))?;
-                Some(
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(g.join("cgroup.procs"))?,
-                )
-            }
+        let procs = match &self.host.groups {
+            Some(groups) => Some(groups.create(&self.cgroup_name(r.id), &limits(c))?),
             None => None,
         };
         let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
@@ -296,7 +285,7 @@ impl Daemon {
                 Ok(())
             });
         }
-        let mut child = self.launcher.launch(&mut cmd, &spec)?;
+        let mut child = self.host.launcher.launch(&mut cmd, &spec)?;
         drop(procs);
         let pid = i64::from(child.id());
         let st = start_time(pid).unwrap_or(0);
@@ -349,12 +338,12 @@ impl Daemon {
         taps.extend(self.taps(r.id));
         taps.dedup();
         for t in taps {
-            let _ = ip(&["link", "del", &t]);
+            let _ = self.host.taps.remove(&t);
         }
-        if let Some(base) = &self.cgroup_base {
+        if let Some(groups) = &self.host.groups {
             let name = self.cgroup_name(r.id);
-            cgroup::kill(base, &name);
-            if let Err(e) = cgroup::remove(base, &name, Duration::from_secs(1)) {
+            groups.kill(&name);
+            if let Err(e) = groups.remove(&name, Duration::from_secs(1)) {
                 self.log(&format!("{e}: removing it later"));
                 lock(&self.stale_cgroups).push(name);
                 self.waker.wake();

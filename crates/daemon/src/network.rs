@@ -9,7 +9,7 @@ use domus_api::vmm::{DeviceInfo, PlugRequest, Unplugging};
 
 use crate::{vmm_error, Daemon, Error, Result};
 
-pub(crate) fn ip(args: &[&str]) -> std::io::Result<()> {
+fn ip(args: &[&str]) -> std::io::Result<()> {
     let out = Command::new("ip").args(args).output()?;
     if out.status.success() {
         Ok(())
@@ -22,16 +22,46 @@ pub(crate) fn ip(args: &[&str]) -> std::io::Result<()> {
     }
 }
 
-impl Daemon {
-    /// The domain's taps that exist now.
-    pub(crate) fn taps(&self, id: i64) -> Vec<String> {
-        let prefix = format!("dm{}{id}n", self.tag);
+/// The host's side of the domains' interfaces, so the daemon's tests can
+/// stand in for the host's network ([`IpTaps`] is the real one).
+pub trait Taps: Send + Sync {
+    /// Makes tap `name`, on `bridge` when one is given, and sets it up; a
+    /// failure leaves no tap.
+    fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()>;
+    /// Removes tap `name`.
+    fn remove(&self, name: &str) -> std::io::Result<()>;
+    /// The taps whose names are `prefix` and then digits, sorted.
+    fn list(&self, prefix: &str) -> Vec<String>;
+}
+
+/// Taps made with `ip`, found in /sys/class/net.
+pub struct IpTaps;
+
+impl Taps for IpTaps {
+    fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()> {
+        ip(&["tuntap", "add", "dev", name, "mode", "tap"])?;
+        let set_up = || {
+            if let Some(br) = bridge {
+                ip(&["link", "set", name, "master", br])?;
+            }
+            ip(&["link", "set", name, "up"])
+        };
+        set_up().inspect_err(|_| {
+            let _ = ip(&["link", "del", name]);
+        })
+    }
+
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        ip(&["link", "del", name])
+    }
+
+    fn list(&self, prefix: &str) -> Vec<String> {
         let mut out: Vec<String> = std::fs::read_dir("/sys/class/net")
             .map(|rd| {
                 rd.filter_map(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().to_string())
                     .filter(|n| {
-                        n.strip_prefix(&prefix)
+                        n.strip_prefix(prefix)
                             .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
                     })
                     .collect()
@@ -39,6 +69,13 @@ impl Daemon {
             .unwrap_or_default();
         out.sort();
         out
+    }
+}
+
+impl Daemon {
+    /// The domain's taps that exist now.
+    pub(crate) fn taps(&self, id: i64) -> Vec<String> {
+        self.host.taps.list(&format!("dm{}{id}n", self.tag))
     }
 
     /// network-attach: a new tap (on the vif's bridge) and a hot-plugged
@@ -66,12 +103,8 @@ impl Daemon {
                 state: r.state,
             });
         }
-        ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+        self.host.taps.add(&tap, vif.bridge.as_deref())?;
         let made = (|| -> Result<DeviceInfo> {
-            if let Some(br) = &vif.bridge {
-                ip(&["link", "set", &tap, "master", br])?;
-            }
-            ip(&["link", "set", &tap, "up"])?;
             let net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
             self.vmm(&r)?
                 .plug(&PlugRequest {
@@ -83,7 +116,7 @@ impl Daemon {
         let dev = match made {
             Ok(d) => d,
             Err(e) => {
-                let _ = ip(&["link", "del", &tap]);
+                let _ = self.host.taps.remove(&tap);
                 return Err(e);
             }
         };
@@ -139,13 +172,14 @@ impl Daemon {
         // The tap goes once the guest has let go and the VMM closed it (at
         // most 60 s later; if the guest never does, destroy removes it).
         let (api, dev) = (api.with_timeout(Duration::from_secs(2)), id.clone());
+        let taps = self.host.taps.clone();
         std::thread::spawn(move || {
             let end = Instant::now() + Duration::from_secs(60);
             while Instant::now() < end {
                 match api.device(&dev) {
                     Ok(_) => std::thread::sleep(Duration::from_millis(200)),
                     _ => {
-                        let _ = ip(&["link", "del", &tap]);
+                        let _ = taps.remove(&tap);
                         return;
                     }
                 }

@@ -1,119 +1,28 @@
 //! The daemon's lifecycle without KVM: a stand-in VMM (a real child
-//! process, with the VMM API served for it from a thread of the test)
-//! through the [`Launcher`] seam, so creates racing destroys, a destroy
-//! during a create and crash restarts run as unit tests. (Test-only.)
+//! process, with the VMM API served for it from a thread of the test,
+//! [`crate::fakes`]) through the [`crate::Launcher`] seam, so creates racing
+//! destroys, a destroy during a create and crash restarts run as unit
+//! tests. (Test-only.)
 
-use std::process::{Child, Command};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use domus_api::daemon::State;
-use domus_api::spec::VmSpec;
-use domus_api::vmm::{DomainInfo, DomainState};
-use domus_http::{Request, Response};
 
-use crate::host::{alive, start_time};
-use crate::{Daemon, Error, Launcher};
+use crate::fakes::{config, host, StandIn};
+use crate::host::alive;
+use crate::{Daemon, Error};
 
-/// The stand-in processes started: pid and start time of each.
-type Started = Arc<Mutex<Vec<(i64, Option<i64>)>>>;
-
-/// A VMM stand-in: `sleep` (or `sh` exiting with a status after a while)
-/// as the process, and just enough of the VMM API for the daemon.
-struct StandIn {
-    /// How long its API takes to answer after the start.
-    delay: Duration,
-    /// Ends by itself after this long with this exit status (None: runs
-    /// until killed).
-    ends: Option<(Duration, i32)>,
-    /// Every process started: pid and start time.
-    started: Started,
-    launches: AtomicUsize,
-}
-
-impl StandIn {
-    fn new(delay: Duration, ends: Option<(Duration, i32)>) -> Self {
-        Self {
-            delay,
-            ends,
-            started: Arc::default(),
-            launches: AtomicUsize::new(0),
-        }
-    }
-}
-
-impl Launcher for StandIn {
-    fn launch(&self, _cmd: &mut Command, spec: &VmSpec) -> std::io::Result<Child> {
-        let child = match self.ends {
-            // Long enough for any test; short, should a failed test leave it.
-            None => Command::new("sleep").arg("120").spawn()?,
-            Some((after, code)) => Command::new("sh")
-                .arg("-c")
-                .arg(format!("sleep {}; exit {code}", after.as_secs_f64()))
-                .spawn()?,
-        };
-        let pid = i64::from(child.id());
-        self.started.lock().unwrap().push((pid, start_time(pid)));
-        self.launches.fetch_add(1, Ordering::SeqCst);
-        let sock = spec
-            .api_socket
-            .clone()
-            .expect("the daemon gives an API socket");
-        let info = DomainInfo {
-            name: spec.name.clone(),
-            state: DomainState::Running,
-            pid: child.id(),
-            vcpus: spec.vcpus,
-            memory_mib: spec.memory_mib,
-            uptime_s: 0.0,
-            vcpu_tids: vec![child.id() as i32; spec.vcpus as usize],
-            devices: Vec::new(),
-        };
-        let delay = self.delay;
-        std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            let Ok(listener) = domus_http::bind(&sock) else {
-                // Destroyed meanwhile (its directory is gone): a VMM that
-                // cannot serve its API exits.
-                // SAFETY: kill(2) on the stand-in this launcher started.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                return;
-            };
-            let body = serde_json::to_string(&info).unwrap_or_default();
-            let handler = move |req: &Request| match (req.method.as_str(), req.path.as_str()) {
-                ("GET", "/v1/domain") => Response::json(200, body.clone()),
-                _ => Response::error(404, "not in the stand-in"),
-            };
-            let _ = domus_http::spawn_server("stand-in", listener, Arc::new(handler));
-        });
-        Ok(child)
-    }
-}
-
-/// A daemon on a fresh state directory, without cgroups, starting
-/// `stand_in`s.
-fn daemon(name: &str, stand_in: StandIn) -> (Arc<Daemon>, std::path::PathBuf) {
-    let state = std::env::temp_dir().join(format!("domus-races-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&state);
-    let d = Daemon::open_with(
-        state.clone(),
-        "/bin/false".into(),
-        0,
-        None,
-        Box::new(stand_in),
-    )
-    .unwrap();
-    (d, state)
-}
-
-fn config(name: &str, extra: &str) -> String {
-    format!("name = '{name}'\nkernel = '/k'\nmemory = 64\n{extra}")
+fn daemon(name: &str, stand_in: StandIn) -> (std::sync::Arc<Daemon>, std::path::PathBuf) {
+    crate::fakes::daemon(name, host(stand_in))
 }
 
 /// Nothing of any domain is left: rows, live VMMs, directories, and every
 /// stand-in process is gone.
-fn assert_nothing_left(d: &Daemon, state: &std::path::Path, started: &[(i64, Option<i64>)]) {
+pub(crate) fn assert_nothing_left(
+    d: &Daemon,
+    state: &std::path::Path,
+    started: &[(i64, Option<i64>)],
+) {
     assert_eq!(d.list().unwrap().len(), 1, "only Domain-0");
     assert!(crate::lock(&d.live).is_empty(), "live VMMs left");
     assert_eq!(

@@ -51,9 +51,9 @@ impl Daemon {
             _ => None,
         };
         c.maxmem_mib = mib;
-        if let Some(g) = self.cgroup_path(&r) {
-            cgroup::update(
-                &g,
+        if let Some(groups) = &self.host.groups {
+            groups.update(
+                &self.cgroup_name(r.id),
                 &cgroup::Limits {
                     maxmem_mib: ram.map_or(mib, |ram| ram.min(mib)),
                     ..limits(&c)
@@ -98,8 +98,8 @@ impl Daemon {
                 c.cap = cp;
             }
             // Kept only once enforced.
-            if let Some(g) = self.cgroup_path(&r) {
-                cgroup::update(&g, &limits(c))?;
+            if let Some(groups) = &self.host.groups {
+                groups.update(&self.cgroup_name(r.id), &limits(c))?;
             }
             Ok(())
         })?;

@@ -13,7 +13,7 @@ use domus_xlcfg::Action;
 
 use crate::host::alive;
 use crate::watch;
-use crate::{cgroup, db, domain_dir, lock, Daemon, Result};
+use crate::{db, domain_dir, lock, Daemon, Result};
 
 /// What the daemon knows about a running domain beyond its row.
 #[derive(Default)]
@@ -198,11 +198,8 @@ impl Daemon {
     /// Logs what may tell why a domain crashed: whether its cgroup's memory
     /// limit killed it, and the last lines of its VMM's log and console.
     fn log_crash_evidence(&self, r: &db::Row) {
-        if let Some(base) = &self.cgroup_base {
-            let events = cgroup::group(base, &self.cgroup_name(r.id)).join("memory.events");
-            let kills = std::fs::read_to_string(events)
-                .ok()
-                .and_then(|t| cgroup::oom_kills(&t));
+        if let Some(groups) = &self.host.groups {
+            let kills = groups.oom_kills(&self.cgroup_name(r.id));
             if let Some(k) = kills.filter(|k| *k > 0) {
                 self.log_domain(
                     &r.name,
@@ -280,12 +277,12 @@ impl Daemon {
 
     /// Removes the cgroups of ended domains that the kernel has let go of.
     fn sweep_cgroups(&self) {
-        let Some(base) = &self.cgroup_base else {
+        let Some(groups) = &self.host.groups else {
             return;
         };
         lock(&self.stale_cgroups).retain(|n| {
-            cgroup::kill(base, n);
-            match cgroup::remove(base, n, Duration::ZERO) {
+            groups.kill(n);
+            match groups.remove(n, Duration::ZERO) {
                 Ok(()) => {
                     self.log(&format!("removed cgroup {n}"));
                     false

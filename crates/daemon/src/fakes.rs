@@ -1,0 +1,313 @@
+//! Stand-ins for what the daemon does to the host (test-only): a VMM that
+//! is a real child process with just enough of the VMM API served for it
+//! from a thread of the test ([`StandIn`]), taps ([`FakeTaps`]) and
+//! cgroups ([`FakeGroups`]) kept in memory, each able to fail on demand.
+//! `races` and `rollbacks` test the daemon through them, without KVM.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use domus_api::spec::VmSpec;
+use domus_api::vmm::{DeviceInfo, DomainInfo, DomainState, PlugRequest, Unplugging};
+use domus_http::{Request, Response};
+
+use crate::cgroup::{Groups, Limits};
+use crate::host::start_time;
+use crate::network::Taps;
+use crate::{Daemon, HostOps, Launcher};
+
+/// The stand-in processes started: pid and start time of each.
+pub type Started = Arc<Mutex<Vec<(i64, Option<i64>)>>>;
+
+/// A VMM stand-in: `sleep` (or `sh` exiting with a status after a while)
+/// as the process, and just enough of the VMM API for the daemon: the
+/// domain, and hot-plug (which it refuses while `refuse_plug` is set).
+pub struct StandIn {
+    /// How long its API takes to answer after the start.
+    pub delay: Duration,
+    /// Ends by itself after this long with this exit status (None: runs
+    /// until killed).
+    pub ends: Option<(Duration, i32)>,
+    /// Every process started: pid and start time.
+    pub started: Started,
+    pub launches: AtomicUsize,
+    pub refuse_plug: Arc<AtomicBool>,
+}
+
+impl StandIn {
+    pub fn new(delay: Duration, ends: Option<(Duration, i32)>) -> Self {
+        Self {
+            delay,
+            ends,
+            started: Arc::default(),
+            launches: AtomicUsize::new(0),
+            refuse_plug: Arc::default(),
+        }
+    }
+}
+
+/// The stand-in's answer to one API request; `devices` are its VMM's.
+fn serve(
+    req: &Request,
+    info: &DomainInfo,
+    devices: &Mutex<Vec<DeviceInfo>>,
+    refuse_plug: &AtomicBool,
+) -> Response {
+    let path = req.path.as_str();
+    match (req.method.as_str(), path) {
+        ("GET", "/v1/domain") => json(200, info),
+        ("GET", "/v1/devices") => json(200, &*devices.lock().unwrap()),
+        ("POST", "/v1/devices") if refuse_plug.load(Ordering::SeqCst) => {
+            Response::error(400, "the stand-in refuses hot-plug")
+        }
+        ("POST", "/v1/devices") => {
+            let Ok(p) = domus_api::parse_body::<PlugRequest>(&req.body) else {
+                return Response::error(400, "not a plug request");
+            };
+            let mut devs = devices.lock().unwrap();
+            let n = devs.len();
+            let dev = match (p.disk, p.net) {
+                (Some(d), None) => DeviceInfo {
+                    id: format!("vd{}", (b'a' + n as u8) as char),
+                    kind: "block".into(),
+                    info: serde_json::json!({"path": d.path, "read_only": d.read_only}),
+                    counters: BTreeMap::new(),
+                    rate_limit: None,
+                },
+                (None, Some(net)) => DeviceInfo {
+                    id: format!("net{n}"),
+                    kind: "net".into(),
+                    info: serde_json::json!({"tap": net.tap, "mac": net.mac}),
+                    counters: BTreeMap::new(),
+                    rate_limit: None,
+                },
+                _ => return Response::error(400, "one device at a time"),
+            };
+            devs.push(dev.clone());
+            json(201, &dev)
+        }
+        (method, _) if path.starts_with("/v1/devices/") => {
+            let id = &path["/v1/devices/".len()..];
+            let mut devs = devices.lock().unwrap();
+            let Some(i) = devs.iter().position(|d| d.id == id) else {
+                return Response::error(404, &format!("no device {id}"));
+            };
+            match method {
+                "GET" => json(200, &devs[i]),
+                "DELETE" => {
+                    devs.remove(i);
+                    json(
+                        202,
+                        &Unplugging {
+                            unplugging: id.into(),
+                            slot: i,
+                        },
+                    )
+                }
+                _ => Response::error(405, "not in the stand-in"),
+            }
+        }
+        _ => Response::error(404, "not in the stand-in"),
+    }
+}
+
+fn json<T: serde::Serialize>(code: u16, v: &T) -> Response {
+    Response::json(code, serde_json::to_string(v).unwrap_or_default())
+}
+
+impl Launcher for StandIn {
+    fn launch(&self, _cmd: &mut Command, spec: &VmSpec) -> std::io::Result<Child> {
+        let child = match self.ends {
+            // Long enough for any test; short, should a failed test leave it.
+            None => Command::new("sleep").arg("120").spawn()?,
+            Some((after, code)) => Command::new("sh")
+                .arg("-c")
+                .arg(format!("sleep {}; exit {code}", after.as_secs_f64()))
+                .spawn()?,
+        };
+        let pid = i64::from(child.id());
+        self.started.lock().unwrap().push((pid, start_time(pid)));
+        self.launches.fetch_add(1, Ordering::SeqCst);
+        let sock = spec
+            .api_socket
+            .clone()
+            .expect("the daemon gives an API socket");
+        let info = DomainInfo {
+            name: spec.name.clone(),
+            state: DomainState::Running,
+            pid: child.id(),
+            vcpus: spec.vcpus,
+            memory_mib: spec.memory_mib,
+            uptime_s: 0.0,
+            vcpu_tids: vec![child.id() as i32; spec.vcpus as usize],
+            devices: Vec::new(),
+        };
+        let (delay, refuse_plug) = (self.delay, self.refuse_plug.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            let Ok(listener) = domus_http::bind(&sock) else {
+                // Destroyed meanwhile (its directory is gone): a VMM that
+                // cannot serve its API exits.
+                // SAFETY: kill(2) on the stand-in this launcher started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                return;
+            };
+            let devices = Mutex::new(Vec::new());
+            let handler = move |req: &Request| serve(req, &info, &devices, &refuse_plug);
+            let _ = domus_http::spawn_server("stand-in", listener, Arc::new(handler));
+        });
+        Ok(child)
+    }
+}
+
+/// Taps in memory, by name, with the bridge each is on. Bridges other than
+/// `br0` do not exist.
+#[derive(Default)]
+pub struct FakeTaps {
+    pub taps: Mutex<BTreeMap<String, Option<String>>>,
+}
+
+impl Taps for FakeTaps {
+    fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()> {
+        if bridge.is_some_and(|b| b != "br0") {
+            return Err(std::io::Error::other(format!(
+                "ip link set {name} master {}: no such bridge",
+                bridge.unwrap_or_default()
+            )));
+        }
+        let mut taps = self.taps.lock().unwrap();
+        if taps.contains_key(name) {
+            return Err(std::io::Error::other(format!("tap {name} exists")));
+        }
+        taps.insert(name.into(), bridge.map(String::from));
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        match self.taps.lock().unwrap().remove(name) {
+            Some(_) => Ok(()),
+            None => Err(std::io::Error::other(format!("no tap {name}"))),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Vec<String> {
+        self.taps
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|n| {
+                n.strip_prefix(prefix)
+                    .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// cgroups in memory: each group's limits. `refuse_updates` makes
+/// updates fail (a controller the host lacks); `busy_removes` removes fail
+/// (tasks still inside) before one succeeds.
+#[derive(Default)]
+pub struct FakeGroups {
+    pub groups: Mutex<BTreeMap<String, Limits>>,
+    pub refuse_updates: AtomicBool,
+    pub busy_removes: AtomicUsize,
+}
+
+impl Groups for FakeGroups {
+    fn create(&self, name: &str, l: &Limits) -> std::io::Result<std::fs::File> {
+        self.groups.lock().unwrap().insert(name.into(), l.clone());
+        // What the VMM's fork writes its "0" to.
+        std::fs::OpenOptions::new().write(true).open("/dev/null")
+    }
+
+    fn update(&self, name: &str, l: &Limits) -> std::io::Result<()> {
+        if self.refuse_updates.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("cpu.weight: Permission denied"));
+        }
+        match self.groups.lock().unwrap().get_mut(name) {
+            Some(g) => {
+                *g = l.clone();
+                Ok(())
+            }
+            None => Err(std::io::Error::other(format!("no group {name}"))),
+        }
+    }
+
+    fn kill(&self, _name: &str) {}
+
+    fn remove(&self, name: &str, _patience: Duration) -> std::io::Result<()> {
+        let busy = self
+            .busy_removes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if busy.is_ok() {
+            return Err(std::io::Error::other(format!(
+                "{name}: Device or resource busy"
+            )));
+        }
+        self.groups.lock().unwrap().remove(name);
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> Vec<String> {
+        self.groups
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|n| n.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
+    fn oom_kills(&self, _name: &str) -> Option<u64> {
+        None
+    }
+}
+
+/// The test keeps a handle on the groups it hands the daemon.
+impl Groups for Arc<FakeGroups> {
+    fn create(&self, name: &str, l: &Limits) -> std::io::Result<std::fs::File> {
+        (**self).create(name, l)
+    }
+    fn update(&self, name: &str, l: &Limits) -> std::io::Result<()> {
+        (**self).update(name, l)
+    }
+    fn kill(&self, name: &str) {
+        (**self).kill(name)
+    }
+    fn remove(&self, name: &str, patience: Duration) -> std::io::Result<()> {
+        (**self).remove(name, patience)
+    }
+    fn list(&self, prefix: &str) -> Vec<String> {
+        (**self).list(prefix)
+    }
+    fn oom_kills(&self, name: &str) -> Option<u64> {
+        (**self).oom_kills(name)
+    }
+}
+
+/// A daemon on a fresh state directory (named after `name`), acting on the
+/// host through `host`.
+pub fn daemon(name: &str, host: HostOps) -> (Arc<Daemon>, std::path::PathBuf) {
+    let state = std::env::temp_dir().join(format!("domus-fake-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let d = Daemon::open_with(state.clone(), "/bin/false".into(), 0, host).unwrap();
+    (d, state)
+}
+
+/// `stand_in` and in-memory taps, without cgroups.
+pub fn host(stand_in: StandIn) -> HostOps {
+    HostOps {
+        launcher: Box::new(stand_in),
+        taps: Arc::new(FakeTaps::default()),
+        groups: None,
+    }
+}
+
+/// An xl.cfg for a 64 MiB domain `name`, with `extra` lines.
+pub fn config(name: &str, extra: &str) -> String {
+    format!("name = '{name}'\nkernel = '/k'\nmemory = 64\n{extra}")
+}
