@@ -1,12 +1,12 @@
-//! Domain lifecycle through the daemon: create, list, pause, destroy, a
-//! daemon restart, shutdown and reboot, and many creates at once.
+//! Domain lifecycle through the daemon: create, list, destroy, a daemon
+//! restart, shutdown and reboot, and many creates at once.
 
 use super::*;
 use domus_api::client::{ClientError, DaemonClient, Endpoint};
 use domus_api::daemon::CreateRequest;
 
 #[test]
-fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
+fn daemon_finds_eight_domains_again_after_a_sigkill_and_destroy_releases_all() {
     let dir = scratch("daemon");
     let state = dir.join("state");
     let k = kit();
@@ -14,22 +14,16 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     let tag = std::process::id() % 100_000;
     let br = format!("ddb{tag}");
     let _bridge = Bridge::new(&br, "10.80.0.1/24", &[]);
-    // Eight domains, each with an interface on the bridge; dom-a spins (for
-    // the pause check), the others idle.
+    // Eight idle domains, each with an interface on the bridge.
     let names = [
         "dom-a", "dom-b", "dom-c", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
     ];
     for n in names {
-        let cmd = if n == "dom-a" {
-            "while :; do :; done"
-        } else {
-            "while :; do sleep 1; done"
-        };
         let cfg = domain_config(
             &dir,
             n,
             192,
-            &format!("-- {cmd}"),
+            "-- while :; do sleep 1; done",
             &format!("maxmem = 256\nvcpus = 1\nvif = ['bridge={br}']\non_crash = 'destroy'"),
         );
         let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
@@ -59,18 +53,8 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
     for (d, n) in l[1..].iter().zip(names) {
         assert_eq!((d.name.as_str(), d.state), (n, State::Running), "{d:?}");
     }
+    assert_eq!(info(&state).domain_memory_mib, 8 * 192);
     let pids: Vec<u64> = l[1..].iter().map(|d| d.pid.unwrap() as u64).collect();
-
-    // Pause stops the domain's CPU time; unpause lets it grow again.
-    let cpu = |n: &str| find(&state, n).unwrap().vcpu_time_s;
-    assert!(domus_cli(&state, &["pause", "dom-a"]).0);
-    let a = cpu("dom-a");
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(cpu("dom-a") - a < 0.05, "a paused domain ran");
-    assert!(domus_cli(&state, &["unpause", "dom-a"]).0);
-    let a = cpu("dom-a");
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(cpu("dom-a") - a > 0.2, "an unpaused domain did not run");
 
     // SIGKILL the daemon: the domains keep running and a new daemon finds
     // them. A guest that triple-faults resets, and the daemon restarts it
@@ -106,73 +90,6 @@ fn daemon_creates_lists_pauses_survives_sigkill_and_destroys() {
         );
     }
     let pids = again;
-
-    // mem-set moves the balloon.
-    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "160M"]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = domus_cli(&state, &["mem-set", "dom-b", "4G"]);
-    assert!(!ok && err.contains("maxmem"), "{err}");
-
-    // Scheduling: weight and cap land in the domain's cgroup; pinning shows
-    // in vcpu-list; top and /metrics account the vCPU and I/O threads apart.
-    let (ok, _, err) = domus_cli(
-        &state,
-        &["sched-credit", "-d", "dom-c", "-w", "512", "-c", "25"],
-    );
-    assert!(ok, "{err}");
-    let cg = std::path::Path::new("/sys/fs/cgroup/domus")
-        .join(format!("{}-d3", domus_daemon::instance_tag(&state)));
-    if cg.exists() {
-        assert_eq!(
-            std::fs::read_to_string(cg.join("cpu.weight"))
-                .unwrap()
-                .trim(),
-            "512"
-        );
-        assert_eq!(
-            std::fs::read_to_string(cg.join("cpu.max")).unwrap().trim(),
-            "25000 100000"
-        );
-    }
-    let (ok, _, err) = domus_cli(&state, &["sched-credit", "-d", "dom-c", "-w", "70000"]);
-    assert!(!ok && err.contains("weight"), "{err}");
-    assert!(domus_cli(&state, &["vcpu-pin", "dom-c", "0", "0"]).0);
-    let (ok, out, err) = domus_cli(&state, &["vcpu-list", "dom-c", "--json"]);
-    assert!(ok, "{err}");
-    let v: Vec<domus_api::daemon::Vcpu> = serde_json::from_str(&out).unwrap();
-    assert_eq!(v[0].affinity.as_deref(), Some("0"), "{v:?}");
-    let (ok, _, err) = domus_cli(&state, &["vcpu-pin", "dom-c", "0", "99"]);
-    assert!(!ok && err.contains("does not exist"), "{err}");
-    let (ok, out, err) = domus_cli(&state, &["top", "--once", "--json"]);
-    assert!(ok, "{err}");
-    // top's own JSON (not an API type): name and vcpu_pct of each domain.
-    #[derive(serde::Deserialize)]
-    struct Top {
-        name: String,
-        vcpu_pct: f64,
-    }
-    let top: Vec<Top> = serde_json::from_str(&out).unwrap();
-    let a = top.iter().find(|d| d.name == "dom-a").unwrap();
-    assert!(a.vcpu_pct > 5.0, "a spinning domain: {out}");
-    let (s, m) = domus_http::request(&state.join("domusd.sock"), "GET", "/metrics", None).unwrap();
-    assert_eq!(s, 200);
-    for n in names {
-        assert!(
-            m.contains(&format!("domus_domain_vcpu_seconds_total{{domain=\"{n}\"")),
-            "{m}"
-        );
-    }
-    let (ok, _, err) = domus_cli(&state, &["rename", "dom-c", "dom-b"]);
-    assert!(!ok && err.contains("exists"), "{err}");
-    assert!(domus_cli(&state, &["rename", "dom-c", "dom-z"]).0);
-    let names = [
-        "dom-a", "dom-b", "dom-z", "dom-d", "dom-e", "dom-f", "dom-g", "dom-h",
-    ];
-    assert_eq!(
-        info(&state).domain_memory_mib,
-        7 * 192 + 160,
-        "mem-set dom-b to 160"
-    );
 
     // Destroy releases everything.
     for n in names {

@@ -1,6 +1,7 @@
 //! The daemon (`domus daemon` and the xl-style verbs) with real domains:
 //! helpers shared by its tests.
 
+mod control;
 mod devices;
 mod lifecycle;
 mod scheduling;
@@ -68,6 +69,20 @@ impl Drop for TestDaemon {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             eprintln!("---- the daemon's log ({}):\n{log}", self.log.display());
+            // And what each domain still there printed last.
+            let dirs = std::fs::read_dir(self.state.join("domains"))
+                .into_iter()
+                .flatten();
+            for d in dirs.flatten() {
+                let console =
+                    std::fs::read_to_string(d.path().join("console.log")).unwrap_or_default();
+                let lines: Vec<&str> = console.lines().collect();
+                let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+                eprintln!(
+                    "---- {}/console.log, last lines:\n{tail}",
+                    d.path().display()
+                );
+            }
             // A failed test takes its daemon and domains down, so that they
             // do not slow the tests that run after it.
             let _ = self.child.kill();
