@@ -9,30 +9,18 @@
 //! port and let the guest connect to CID 2. The event queue (transport
 //! resets, which only live migration needs) is left to the guest.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use vhost::vhost_kern::vsock::Vsock as KernelVsock;
+use vhost::vsock::VhostVsock;
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::epoll::Poller;
-use crate::{ActivateError, Activation, DeviceThread, Interrupt, VirtioDevice};
-
-const VHOST_GET_FEATURES: libc::c_ulong = 0x8008_af00;
-const VHOST_SET_FEATURES: libc::c_ulong = 0x4008_af00;
-const VHOST_SET_OWNER: libc::c_ulong = 0x0000_af01;
-const VHOST_SET_MEM_TABLE: libc::c_ulong = 0x4008_af03;
-const VHOST_SET_VRING_NUM: libc::c_ulong = 0x4008_af10;
-const VHOST_SET_VRING_ADDR: libc::c_ulong = 0x4028_af11;
-const VHOST_SET_VRING_BASE: libc::c_ulong = 0x4008_af12;
-const VHOST_SET_VRING_KICK: libc::c_ulong = 0x4008_af20;
-const VHOST_SET_VRING_CALL: libc::c_ulong = 0x4008_af21;
-const VHOST_VSOCK_SET_GUEST_CID: libc::c_ulong = 0x4008_af60;
-const VHOST_VSOCK_SET_RUNNING: libc::c_ulong = 0x4004_af61;
+use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
 
 const QUEUE_SIZE: u16 = 256;
 /// rx and tx go to vhost; the event queue stays with us.
@@ -47,41 +35,10 @@ pub enum VsockError {
         cid: u64,
         what: &'static str,
         #[source]
-        source: std::io::Error,
+        source: vhost::Error,
     },
     #[error("vsock cid {0} is in use by another domain")]
     CidInUse(u64),
-}
-
-#[repr(C)]
-struct VringState {
-    index: u32,
-    num: u32,
-}
-
-#[repr(C)]
-struct VringFile {
-    index: u32,
-    fd: i32,
-}
-
-#[repr(C)]
-struct VringAddr {
-    index: u32,
-    flags: u32,
-    desc: u64,
-    used: u64,
-    avail: u64,
-    log: u64,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct MemRegion {
-    guest_phys_addr: u64,
-    memory_size: u64,
-    userspace_addr: u64,
-    padding: u64,
 }
 
 /// Per-device counters (the data moves in the kernel; we count the
@@ -97,59 +54,40 @@ impl crate::Stats for Counters {
     }
 }
 
-/// An open vhost-vsock device with its CID claimed.
-struct Vhost {
-    file: File,
-}
+/// An open vhost-vsock device (the rust-vmm `vhost` crate's) with its CID
+/// claimed, over the guest's memory.
+struct Vhost(KernelVsock<Arc<Memory>>);
 
-fn ioctl_err(cid: u64, what: &'static str) -> VsockError {
-    let source = std::io::Error::last_os_error();
-    if what == "VHOST_VSOCK_SET_GUEST_CID" && source.raw_os_error() == Some(libc::EADDRINUSE) {
-        return VsockError::CidInUse(cid);
+fn vhost_err(cid: u64, what: &'static str) -> impl FnOnce(vhost::Error) -> VsockError {
+    move |source| match &source {
+        vhost::Error::IoctlError(e)
+            if what == "VHOST_VSOCK_SET_GUEST_CID"
+                && e.raw_os_error() == Some(libc::EADDRINUSE) =>
+        {
+            VsockError::CidInUse(cid)
+        }
+        vhost::Error::VhostOpen(_) => VsockError::Vhost {
+            cid,
+            what: "opening /dev/vhost-vsock (is the vhost_vsock module loaded?)",
+            source,
+        },
+        _ => VsockError::Vhost { cid, what, source },
     }
-    VsockError::Vhost { cid, what, source }
 }
 
 impl Vhost {
-    fn open(cid: u64) -> Result<Self, VsockError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open("/dev/vhost-vsock")
-            .map_err(|source| VsockError::Vhost {
-                cid,
-                what: "opening /dev/vhost-vsock (is the vhost_vsock module loaded?)",
-                source,
-            })?;
-        let v = Self { file };
-        // SAFETY: VHOST_SET_OWNER takes no argument.
-        if unsafe { libc::ioctl(v.fd(), VHOST_SET_OWNER as _) } < 0 {
-            return Err(ioctl_err(cid, "VHOST_SET_OWNER"));
-        }
-        // SAFETY: reads one u64 from the pointer.
-        if unsafe { libc::ioctl(v.fd(), VHOST_VSOCK_SET_GUEST_CID as _, &cid) } < 0 {
-            return Err(ioctl_err(cid, "VHOST_VSOCK_SET_GUEST_CID"));
-        }
-        Ok(v)
-    }
-
-    fn fd(&self) -> i32 {
-        self.file.as_raw_fd()
-    }
-
-    fn features(&self, cid: u64) -> Result<u64, VsockError> {
-        let mut f = 0u64;
-        // SAFETY: writes one u64 through the pointer.
-        if unsafe { libc::ioctl(self.fd(), VHOST_GET_FEATURES as _, &mut f) } < 0 {
-            return Err(ioctl_err(cid, "VHOST_GET_FEATURES"));
-        }
-        Ok(f)
+    fn open(cid: u64, mem: Arc<Memory>) -> Result<Self, VsockError> {
+        let v = KernelVsock::new(mem).map_err(vhost_err(cid, "opening"))?;
+        v.set_owner().map_err(vhost_err(cid, "VHOST_SET_OWNER"))?;
+        v.set_guest_cid(cid)
+            .map_err(vhost_err(cid, "VHOST_VSOCK_SET_GUEST_CID"))?;
+        Ok(Self(v))
     }
 }
 
 pub struct Vsock {
     cid: u64,
+    mem: Arc<Memory>,
     vhost: Option<Vhost>,
     vhost_features: u64,
     counters: Arc<Counters>,
@@ -157,15 +95,20 @@ pub struct Vsock {
 }
 
 impl Vsock {
-    /// Claims `cid` on the host's vhost-vsock.
-    pub fn new(cid: u64) -> Result<Self, VsockError> {
+    /// Claims `cid` on the host's vhost-vsock, for a guest with memory
+    /// `mem`.
+    pub fn new(cid: u64, mem: Arc<Memory>) -> Result<Self, VsockError> {
         if !(3..u64::from(u32::MAX)).contains(&cid) {
             return Err(VsockError::BadCid(cid));
         }
-        let vhost = Vhost::open(cid)?;
-        let vhost_features = vhost.features(cid)?;
+        let vhost = Vhost::open(cid, mem.clone())?;
+        let vhost_features = vhost
+            .0
+            .get_features()
+            .map_err(vhost_err(cid, "VHOST_GET_FEATURES"))?;
         Ok(Self {
             cid,
+            mem,
             vhost: Some(vhost),
             vhost_features,
             counters: Arc::default(),
@@ -183,100 +126,46 @@ impl Vsock {
 
     /// Hands the memory map and rings to vhost and starts it.
     fn start(&self, v: &Vhost, a: &Activation, calls: &[EventFd]) -> Result<(), String> {
-        let fail = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-        let features = a.features & self.vhost_features;
-        // SAFETY: reads one u64.
-        if unsafe { libc::ioctl(v.fd(), VHOST_SET_FEATURES as _, &features) } < 0 {
-            return Err(fail("VHOST_SET_FEATURES"));
-        }
-        let regions: Vec<MemRegion> = a
+        let v = &v.0;
+        let fail = |what: &'static str| move |e: vhost::Error| format!("{what}: {e}");
+        v.set_features(a.features & self.vhost_features)
+            .map_err(fail("VHOST_SET_FEATURES"))?;
+        let regions: Vec<VhostUserMemoryRegionInfo> = a
             .mem
             .iter()
-            .map(|r| MemRegion {
+            .map(|r| VhostUserMemoryRegionInfo {
                 guest_phys_addr: r.start_addr().0,
                 memory_size: r.len(),
                 userspace_addr: r.as_ptr() as u64,
-                padding: 0,
+                ..VhostUserMemoryRegionInfo::default()
             })
             .collect();
-        // struct vhost_memory: u32 nregions, u32 padding, then the regions.
-        let mut table = vec![0u64; 1 + regions.len() * 4];
-        table[0] = regions.len() as u64;
-        for (i, r) in regions.iter().enumerate() {
-            table[1 + i * 4..5 + i * 4].copy_from_slice(&[
-                r.guest_phys_addr,
-                r.memory_size,
-                r.userspace_addr,
-                r.padding,
-            ]);
-        }
-        // SAFETY: `table` is a vhost_memory header followed by nregions
-        // regions, as the kernel reads it; it outlives the call.
-        if unsafe { libc::ioctl(v.fd(), VHOST_SET_MEM_TABLE as _, table.as_ptr()) } < 0 {
-            return Err(fail("VHOST_SET_MEM_TABLE"));
-        }
+        v.set_mem_table(&regions)
+            .map_err(fail("VHOST_SET_MEM_TABLE"))?;
         for q in a.queues.iter().filter(|q| q.index < VHOST_QUEUES) {
             let queue: &Queue = &q.queue;
-            let index = q.index as u32;
-            let host = |addr: u64, len: u64| -> Result<u64, String> {
-                let s = a
-                    .mem
-                    .get_slice(GuestAddress(addr), len as usize)
-                    .map_err(|_| format!("queue {index} ring outside guest memory"))?;
-                Ok(s.ptr_guard().as_ptr() as u64)
-            };
-            let n = u64::from(queue.size());
-            let addr = VringAddr {
-                index,
+            // The crate checks that each ring lies in guest memory.
+            let rings = VringConfigData {
+                queue_max_size: QUEUE_SIZE,
+                queue_size: queue.size(),
                 flags: 0,
-                desc: host(queue.desc_table(), 16 * n)?,
-                used: host(queue.used_ring(), 6 + 8 * n)?,
-                avail: host(queue.avail_ring(), 6 + 2 * n)?,
-                log: 0,
+                desc_table_addr: queue.desc_table(),
+                used_ring_addr: queue.used_ring(),
+                avail_ring_addr: queue.avail_ring(),
+                log_addr: None,
             };
-            let num = VringState {
-                index,
-                num: u32::from(queue.size()),
-            };
-            let base = VringState {
-                index,
-                num: u32::from(queue.next_avail()),
-            };
-            let kick = VringFile {
-                index,
-                fd: q.event.as_raw_fd(),
-            };
-            let call = VringFile {
-                index,
-                fd: calls[q.index].as_raw_fd(),
-            };
-            // SAFETY: each ioctl reads the struct it is given, laid out as
-            // the kernel's; the host addresses lie in guest RAM mappings
-            // that live as long as the VM, and the fds are open.
-            unsafe {
-                if libc::ioctl(v.fd(), VHOST_SET_VRING_NUM as _, &num) < 0 {
-                    return Err(fail("VHOST_SET_VRING_NUM"));
-                }
-                if libc::ioctl(v.fd(), VHOST_SET_VRING_BASE as _, &base) < 0 {
-                    return Err(fail("VHOST_SET_VRING_BASE"));
-                }
-                if libc::ioctl(v.fd(), VHOST_SET_VRING_ADDR as _, &addr) < 0 {
-                    return Err(fail("VHOST_SET_VRING_ADDR"));
-                }
-                if libc::ioctl(v.fd(), VHOST_SET_VRING_KICK as _, &kick) < 0 {
-                    return Err(fail("VHOST_SET_VRING_KICK"));
-                }
-                if libc::ioctl(v.fd(), VHOST_SET_VRING_CALL as _, &call) < 0 {
-                    return Err(fail("VHOST_SET_VRING_CALL"));
-                }
-            }
+            v.set_vring_num(q.index, queue.size())
+                .map_err(fail("VHOST_SET_VRING_NUM"))?;
+            v.set_vring_base(q.index, queue.next_avail())
+                .map_err(fail("VHOST_SET_VRING_BASE"))?;
+            v.set_vring_addr(q.index, &rings)
+                .map_err(fail("VHOST_SET_VRING_ADDR"))?;
+            v.set_vring_kick(q.index, &q.event)
+                .map_err(fail("VHOST_SET_VRING_KICK"))?;
+            v.set_vring_call(q.index, &calls[q.index])
+                .map_err(fail("VHOST_SET_VRING_CALL"))?;
         }
-        let running: libc::c_int = 1;
-        // SAFETY: reads one int.
-        if unsafe { libc::ioctl(v.fd(), VHOST_VSOCK_SET_RUNNING as _, &running) } < 0 {
-            return Err(fail("VHOST_VSOCK_SET_RUNNING"));
-        }
-        Ok(())
+        v.start().map_err(fail("VHOST_VSOCK_SET_RUNNING"))
     }
 }
 
@@ -333,7 +222,8 @@ impl VirtioDevice for Vsock {
         }
         let vhost = match self.vhost.take() {
             Some(v) => v,
-            None => Vhost::open(self.cid).map_err(|e| std::io::Error::other(e.to_string()))?,
+            None => Vhost::open(self.cid, self.mem.clone())
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
         };
         // vhost signals the queue's MSI-X irqfd itself where it can; else an
         // eventfd that the relay thread turns into the interrupt.
@@ -361,9 +251,7 @@ impl VirtioDevice for Vsock {
 
     fn reset(&mut self) {
         if let Some(v) = self.vhost.take() {
-            let stopped: libc::c_int = 0;
-            // SAFETY: reads one int.
-            unsafe { libc::ioctl(v.fd(), VHOST_VSOCK_SET_RUNNING as _, &stopped) };
+            let _ = v.0.stop();
             // Closing the device releases the rings and the CID; the next
             // activation opens it again.
         }
@@ -385,19 +273,12 @@ mod tests {
 
     #[test]
     fn reserved_cids_are_refused_before_opening_anything() {
+        let mem = Arc::new(Memory::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 16)]).unwrap());
         for cid in [0, 1, 2, u64::from(u32::MAX), u64::MAX] {
             assert!(
-                matches!(Vsock::new(cid), Err(VsockError::BadCid(_))),
+                matches!(Vsock::new(cid, mem.clone()), Err(VsockError::BadCid(_))),
                 "{cid}"
             );
         }
-    }
-
-    #[test]
-    fn ioctl_structs_have_the_kernel_sizes() {
-        assert_eq!(std::mem::size_of::<VringState>(), 8);
-        assert_eq!(std::mem::size_of::<VringFile>(), 8);
-        assert_eq!(std::mem::size_of::<VringAddr>(), 40);
-        assert_eq!(std::mem::size_of::<MemRegion>(), 32);
     }
 }

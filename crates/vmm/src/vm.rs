@@ -192,7 +192,7 @@ struct Devices {
 
 /// The domain's virtio devices: disks (vda, vdb, ... in order), the entropy
 /// device, the balloon.
-fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
+fn virtio_devices(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>) -> Result<Devices> {
     let mut devices: Vec<(Box<dyn VirtioDevice>, registry::Device)> = Vec::new();
     let mut balloon = None;
     for (i, d) in cfg.disks.iter().enumerate() {
@@ -202,7 +202,7 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Devices> {
         devices.push(hotplug::net_device(n, format!("net{i}"))?);
     }
     if let Some(cid) = cfg.vsock_cid {
-        let v = Vsock::new(cid)?;
+        let v = Vsock::new(cid, mem.clone())?;
         let a = registry::Device {
             id: "vsock0".into(),
             slot: 0,
@@ -356,7 +356,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         .map_err(kvm_err("KVM_IRQFD"))?;
     let events = GedEvents::new(ged_irq);
     let irqs = Arc::new(KvmIrqs::new(vm.clone()));
-    let mut devices = virtio_devices(cfg)?;
+    let mut devices = virtio_devices(cfg, &mem)?;
     let pci = Arc::new(pci_bus(devices.virtio, &mut devices.api, &mem, &irqs)?);
     let api_devices = Arc::new(Mutex::new(devices.api));
     let ports = {
