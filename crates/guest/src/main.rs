@@ -10,7 +10,11 @@
 //!   it to the end;
 //! * `echo vsock PORT`: accepts one connection and sends back what it reads;
 //! * `ping vsock CID PORT MIB`: sends MIB MiB to an echo server and reads
-//!   the echo back at the same time.
+//!   the echo back at the same time;
+//! * `agent PORT`: the guest agent, serving commands over vsock
+//!   (`domus_guest::agent`) until asked to exit;
+//! * `exec CID PORT CMD`: runs CMD through the agent of guest CID, prints
+//!   its output and exits with its status.
 //!
 //! Streams print `bytes=N hash=H mbs=X`: a checksum of what went over the
 //! wire, so two ends can be compared.
@@ -18,9 +22,11 @@
 mod ioload;
 mod stream;
 
+use domus_guest::agent;
+
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB"
+        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD"
     );
     std::process::exit(2);
 }
@@ -31,6 +37,32 @@ fn main() {
     match cmd.as_str() {
         "ioload" => ioload::main(&args[1..]),
         "send" | "recv" | "echo" | "ping" => stream::main(cmd, &args[1..]),
+        "agent" => {
+            let Some(port) = args.get(1).and_then(|p| p.parse().ok()) else {
+                usage()
+            };
+            if let Err(e) = agent::serve(port) {
+                eprintln!("domus-guest agent: {e}");
+                std::process::exit(1);
+            }
+        }
+        "exec" => {
+            let num = |i: usize| args.get(i).and_then(|p| p.parse().ok());
+            let (Some(cid), Some(port), Some(cmd)) = (num(1), num(2), args.get(3)) else {
+                usage()
+            };
+            match agent::Client::new(cid, port).run(cmd) {
+                Ok(r) => {
+                    print!("{}", r.stdout);
+                    eprint!("{}", r.stderr);
+                    std::process::exit(r.status);
+                }
+                Err(e) => {
+                    eprintln!("domus-guest exec: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
         _ => usage(),
     }
 }

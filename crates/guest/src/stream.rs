@@ -1,11 +1,11 @@
 //! TCP and vsock streams with a checksum, for the network and vsock tests
 //! and benchmarks.
 
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Instant;
+
+use domus_guest::vsock;
 
 const CHUNK: usize = 64 << 10;
 
@@ -69,50 +69,6 @@ fn report(what: &str, bytes: u64, hash: u64, start: Instant) {
 fn fail(msg: String) -> ! {
     eprintln!("domus-guest: {msg}");
     std::process::exit(1);
-}
-
-fn vsock_fd(cid: u32, port: u32, listen: bool) -> std::io::Result<File> {
-    // SAFETY: socket(2) with constant arguments.
-    let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket we own.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_vm is plain data; all-zero is a valid value.
-    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-    addr.svm_port = port;
-    addr.svm_cid = cid;
-    let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
-    let ptr = (&addr as *const libc::sockaddr_vm).cast::<libc::sockaddr>();
-    if listen {
-        // SAFETY: `ptr` and `len` describe `addr`, which outlives the calls.
-        let r = unsafe { libc::bind(fd, ptr, len) };
-        // SAFETY: listen on our socket.
-        if r < 0 || unsafe { libc::listen(fd, 1) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: accept on our listening socket; no address wanted.
-        let c = unsafe {
-            libc::accept4(
-                fd,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if c < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `c` is a new connected socket we own.
-        return Ok(unsafe { File::from_raw_fd(c) });
-    }
-    // SAFETY: as for bind.
-    if unsafe { libc::connect(fd, ptr, len) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(File::from(owned))
 }
 
 fn num<T: std::str::FromStr>(s: Option<&String>, what: &str) -> T {
@@ -190,7 +146,7 @@ pub fn main(cmd: &str, args: &[String]) {
             let cid: u32 = num(args.get(1), "CID");
             let port: u32 = num(args.get(2), "PORT");
             let mib: u64 = num(args.get(3), "MIB");
-            let s = vsock_fd(cid, port, false)
+            let s = vsock::connect(cid, port)
                 .unwrap_or_else(|e| fail(format!("connect vsock {cid}:{port}: {e}")));
             let start = Instant::now();
             let (n, h) = send(&s, mib);
@@ -203,7 +159,7 @@ pub fn main(cmd: &str, args: &[String]) {
             let cid: u32 = num(args.get(1), "CID");
             let port: u32 = num(args.get(2), "PORT");
             let mib: u64 = num(args.get(3), "MIB");
-            let s = vsock_fd(cid, port, false)
+            let s = vsock::connect(cid, port)
                 .unwrap_or_else(|e| fail(format!("connect vsock {cid}:{port}: {e}")));
             let r = s.try_clone().unwrap_or_else(|e| fail(format!("dup: {e}")));
             let start = Instant::now();
@@ -218,9 +174,12 @@ pub fn main(cmd: &str, args: &[String]) {
         }
         ("recv", Some("vsock")) | ("echo", Some("vsock")) => {
             let port: u32 = num(args.get(1), "PORT");
-            println!("listening=vsock:{port}");
-            let s = vsock_fd(libc::VMADDR_CID_ANY, port, true)
+            let l = vsock::Listener::bind(port)
                 .unwrap_or_else(|e| fail(format!("listen vsock {port}: {e}")));
+            println!("listening=vsock:{port}");
+            let s = l
+                .accept()
+                .unwrap_or_else(|e| fail(format!("accept vsock {port}: {e}")));
             let start = Instant::now();
             if cmd == "echo" {
                 let mut buf = vec![0u8; CHUNK];

@@ -111,6 +111,22 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
+/// Writes to `out` the initramfs `base` with `files` (path in the guest,
+/// permissions, contents) added: a second cpio archive after the first,
+/// which Linux unpacks over it. The tests add the guest agent
+/// (`domus-guest`) this way; the kit itself does not carry it.
+pub fn extend_initrd(base: &Path, files: &[(&str, u32, &[u8])], out: &Path) -> Result<()> {
+    let mut data = io("reading", base, std::fs::read(base))?;
+    let mut w = cpio::CpioWriter::new(Vec::new());
+    for (name, perm, contents) in files {
+        io("archiving", out, w.file(name, *perm, contents))?;
+    }
+    // The kernel reads concatenated archives from 4-byte boundaries.
+    data.resize(data.len().div_ceil(4) * 4, 0);
+    data.extend(io("archiving", out, w.finish())?);
+    io("writing", out, std::fs::write(out, data))
+}
+
 /// `$XDG_CACHE_HOME/domus/kit`, or `~/.cache/domus/kit`.
 pub fn default_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
@@ -456,6 +472,28 @@ kernel/drivers/virtio/virtio_ring.ko:
 kernel/drivers/block/virtio_blk.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
 kernel/drivers/char/hw_random/virtio-rng.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
 ";
+
+    #[test]
+    fn an_extended_initrd_is_the_base_then_one_more_archive() {
+        let dir = std::env::temp_dir().join(format!("domus-kit-extend-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = dir.join("base.cpio");
+        let mut w = cpio::CpioWriter::new(Vec::new());
+        w.file("init", 0o755, b"#!/bin/sh\n").unwrap();
+        let mut first = w.finish().unwrap();
+        first.push(0); // not 4-aligned
+        std::fs::write(&base, &first).unwrap();
+        let out = dir.join("out.cpio");
+        extend_initrd(&base, &[("bin/agent", 0o755, b"ELF")], &out).unwrap();
+        let data = std::fs::read(&out).unwrap();
+        assert_eq!(&data[..first.len()], &first[..]);
+        let second = &data[first.len().div_ceil(4) * 4..];
+        assert!(second.starts_with(b"070701"));
+        let text = String::from_utf8_lossy(second);
+        assert!(text.contains("bin/agent") && text.contains("ELF") && text.contains("TRAILER!!!"));
+        assert!(extend_initrd(&dir.join("missing"), &[], &out).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn dependencies_come_first_once() {

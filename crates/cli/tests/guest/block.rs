@@ -76,15 +76,20 @@ fn read_only_disk_refuses_writes_and_stays_unchanged() {
     )
     .unwrap();
     let before = md5(&img, 4 << 20);
+    let mut vm = TestVm::agent()
+        .disk(format!("{},ro", img.display()))
+        .start();
+    assert_eq!(vm.sh("cat /sys/block/vda/ro"), "1");
     // Through the block layer (refused by Linux), then with the block
-    // layer's read-only flag lifted so the write reaches the device.
-    let cmd = "echo ro=$(cat /sys/block/vda/ro); dd if=/dev/zero of=/dev/vda bs=4k count=1 2>/dev/null; echo plain=$?; blockdev --setrw /dev/vda; dd if=/dev/zero of=/dev/vda bs=4k count=1 oflag=direct 2>/dev/null; echo direct=$?; head -c 3 /dev/vda | od -An -tu1 | tr -d ' ' | sed s/^/head=/";
-    let r = TestVm::new(cmd).disk(format!("{},ro", img.display())).run();
-    assert_clean_poweroff(&r);
-    assert_eq!(value(&r, "ro"), 1);
-    assert_ne!(value(&r, "plain"), 0, "{r}");
-    assert_ne!(value(&r, "direct"), 0, "the device accepted a write: {r}");
-    assert_eq!(word(&r, "head"), "012");
+    // layer's read-only flag lifted so that the write reaches the device.
+    let write = "dd if=/dev/zero of=/dev/vda bs=4k count=1";
+    let plain = vm.run(write);
+    assert_ne!(plain.status, 0, "{plain:?}");
+    vm.sh("blockdev --setrw /dev/vda");
+    let direct = vm.run(&format!("{write} oflag=direct"));
+    assert_ne!(direct.status, 0, "the device accepted a write: {direct:?}");
+    assert_eq!(vm.sh("head -c 3 /dev/vda | od -An -tu1 | tr -d ' '"), "012");
+    assert_clean_poweroff(&vm.finish());
     assert_eq!(md5(&img, 4 << 20), before);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -119,15 +124,18 @@ fn kit_rootfs_boots_as_root_on_vda() {
 fn disk_id_discard_and_entropy() {
     let dir = scratch("misc");
     let img = image(&dir, "d.img", 64);
-    let cmd = "echo serial=$(cat /sys/block/vda/serial); dd if=/dev/urandom of=/dev/vda bs=1M count=8 oflag=direct 2>/dev/null; blkdiscard -o 0 -l 4194304 /dev/vda; echo discard=$?; echo rng=$(cat /sys/class/misc/hw_random/rng_current); echo rngbytes=$(head -c 4096 /dev/hwrng | wc -c)";
-    let r = TestVm::new(cmd)
+    let mut vm = TestVm::agent()
         .disk(format!("{},id=scratch-7", img.display()))
-        .run();
-    assert_clean_poweroff(&r);
-    assert_eq!(word(&r, "serial"), "scratch-7");
-    assert_eq!(value(&r, "discard"), 0);
-    assert_eq!(word(&r, "rng"), "virtio_rng.0");
-    assert_eq!(value(&r, "rngbytes"), 4096);
+        .start();
+    assert_eq!(vm.sh("cat /sys/block/vda/serial"), "scratch-7");
+    vm.sh("dd if=/dev/urandom of=/dev/vda bs=1M count=8 oflag=direct");
+    vm.sh("blkdiscard -o 0 -l 4194304 /dev/vda");
+    assert_eq!(
+        vm.sh("cat /sys/class/misc/hw_random/rng_current"),
+        "virtio_rng.0"
+    );
+    assert_eq!(vm.sh("head -c 4096 /dev/hwrng | wc -c"), "4096");
+    assert_clean_poweroff(&vm.finish());
     // The first 4 MiB are a hole again (zeroes); the next 4 MiB are data.
     let data = std::fs::read(&img).unwrap();
     assert!(

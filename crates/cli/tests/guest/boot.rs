@@ -6,35 +6,27 @@ use crate::*;
 #[test]
 fn bzimage_guest_sees_1_2_and_4_vcpus() {
     for n in [1, 2, 4] {
-        let r = TestVm::new("echo cpus=$(nproc)").vcpus(n).run();
-        assert_clean_poweroff(&r);
-        assert_eq!(value(&r, "cpus"), u64::from(n));
+        let mut vm = TestVm::agent().vcpus(n).start();
+        assert_eq!(vm.sh("nproc"), n.to_string());
+        assert_clean_poweroff(&vm.finish());
     }
 }
 
 #[test]
 fn elf_vmlinux_boots_with_smp() {
-    let k = kit();
-    let r = TestVm::new("echo cpus=$(nproc)")
-        .kernel(k.vmlinux)
-        .vcpus(2)
-        .run();
-    assert_clean_poweroff(&r);
-    assert_eq!(value(&r, "cpus"), 2);
+    let mut vm = TestVm::agent().kernel(kit().vmlinux).vcpus(2).start();
+    assert_eq!(vm.sh("nproc"), "2");
+    assert_clean_poweroff(&vm.finish());
 }
 
-/// The RAM the guest kernel found (the total of "Memory: availK/totalK
-/// available", which counts every page of the firmware memory map) and MemTotal.
-const MEM_CMD: &str = "dmesg | grep Memory: ; grep MemTotal /proc/meminfo";
-
-fn kib_after(run: &Run, marker: &str, before: &str) -> u64 {
-    run.stdout
-        .lines()
+/// The number in `text` between `marker` and `before`.
+fn number_after(text: &str, marker: &str, before: &str) -> u64 {
+    text.lines()
         .find_map(|l| {
             let rest = &l[l.find(marker)? + marker.len()..];
             rest[..rest.find(before)?].trim().parse().ok()
         })
-        .unwrap_or_else(|| panic!("no '{marker}' in guest output:\n{}", run.stdout))
+        .unwrap_or_else(|| panic!("no '{marker}' in:\n{text}"))
 }
 
 #[test]
@@ -44,17 +36,20 @@ fn guest_sees_the_memory_asked_for() {
         ("1G", 1 << 30),
         ("3584", 3584 << 20),
     ] {
-        let r = TestVm::new(MEM_CMD).memory(arg).run();
-        assert_clean_poweroff(&r);
-        let ram = kib_after(&r, "K/", "K available") << 10;
+        let mut vm = TestVm::agent().memory(arg).start();
+        // The RAM the guest kernel found (the total of "Memory:
+        // availK/totalK available", which counts every page of the
+        // firmware memory map) and MemTotal, what is left after the
+        // kernel's own reservations.
+        let ram = number_after(&vm.sh("dmesg | grep Memory:"), "K/", "K available") << 10;
+        let total = number_after(&vm.sh("grep MemTotal /proc/meminfo"), "MemTotal:", "kB") << 10;
+        assert_clean_poweroff(&vm.finish());
         let diff = (ram as f64 - bytes as f64).abs() / bytes as f64;
         assert!(
             diff < 0.05,
             "{arg}: guest sees {ram} bytes of RAM ({:.1}% off)",
             diff * 100.0
         );
-        // MemTotal is what is left after the kernel's own reservations.
-        let total = kib_after(&r, "MemTotal:", "kB") << 10;
         assert!(
             total < bytes && total > bytes / 2,
             "{arg}: MemTotal {total}"
@@ -109,8 +104,12 @@ fn guest_exit_status_is_reported() {
 
 #[test]
 fn kvm_paravirtual_features_are_exposed() {
-    let r = TestVm::new("dmesg | grep -c -e kvm-clock -e 'PV spinlocks' | sed s/^/pvlines=/; echo clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)").vcpus(2).run();
-    assert_clean_poweroff(&r);
-    assert!(r.stdout.contains("clocksource=kvm-clock"), "{r}");
-    assert!(value(&r, "pvlines") >= 2, "{r}");
+    let mut vm = TestVm::agent().vcpus(2).start();
+    assert_eq!(
+        vm.sh("cat /sys/devices/system/clocksource/clocksource0/current_clocksource"),
+        "kvm-clock"
+    );
+    let pv = vm.run("dmesg | grep -e kvm-clock -e 'PV spinlocks'");
+    assert!(pv.out().lines().count() >= 2, "{pv:?}");
+    assert_clean_poweroff(&vm.finish());
 }

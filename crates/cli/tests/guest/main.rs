@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent;
 mod block;
 mod boot;
 mod daemon;
@@ -50,6 +51,18 @@ fn kit() -> Kit {
     k
 }
 
+/// `domus-guest`, built static for guests (tools/test builds it).
+fn guest_helper() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/x86_64-unknown-linux-gnu/release/domus-guest");
+    assert!(
+        p.is_file(),
+        "{} missing: build it with RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p domus-guest --target x86_64-unknown-linux-gnu",
+        p.display()
+    );
+    p
+}
+
 const GUEST_TIMEOUT_S: u32 = 180;
 
 struct Run {
@@ -79,6 +92,9 @@ impl std::fmt::Display for Run {
 /// says otherwise.
 struct TestVm {
     kernel: PathBuf,
+    initrd: PathBuf,
+    /// The vsock CID of its guest agent (`TestVm::agent`).
+    agent_cid: Option<u32>,
     vcpus: u32,
     memory: String,
     args: Vec<String>,
@@ -88,8 +104,11 @@ struct TestVm {
 
 impl TestVm {
     fn new(command: &str) -> Self {
+        let k = kit();
         Self {
-            kernel: kit().kernel,
+            kernel: k.kernel,
+            initrd: k.initrd,
+            agent_cid: None,
             vcpus: 1,
             memory: "256M".into(),
             args: Vec::new(),
@@ -146,7 +165,7 @@ impl TestVm {
             .arg("--kernel")
             .arg(&self.kernel)
             .arg("--initrd")
-            .arg(kit().initrd)
+            .arg(&self.initrd)
             .args(["--vcpus", &self.vcpus.to_string(), "--memory", &self.memory])
             .args(&self.args)
             .arg("--cmdline")
@@ -169,58 +188,63 @@ impl TestVm {
     /// [`TestVm::run`], handing each console line (trimmed) to `on_line` as
     /// it arrives, so the test can act on the running domain (through its
     /// API).
-    fn run_watching(&self, mut on_line: impl FnMut(&str)) -> Run {
-        let mut child = self.command().spawn().expect("spawning domus run");
-        // A hung guest fails its test instead of hanging the run: after
-        // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
-        // and the run reports status 124, as coreutils' timeout would.
-        let pid = child.id();
-        let (done, finished) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            let limit = Duration::from_secs(GUEST_TIMEOUT_S.into());
-            if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-                return None;
-            }
-            let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
-            let _ = std::fs::create_dir_all(&dir);
-            let report = common::stall_report(pid, &dir, "");
-            // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
-            // for it only after its console closes); no memory is involved.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            Some(report)
-        });
-        let stderr = child.stderr.take().unwrap();
-        let err_thread = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
-            s
-        });
-        let mut stdout = String::new();
-        let mut last_line = Instant::now();
-        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-            let line = line.unwrap_or_default();
-            last_line = Instant::now();
-            on_line(line.trim());
-            stdout.push_str(&line);
-            stdout.push('\n');
+    fn run_watching(&self, on_line: impl FnMut(&str)) -> Run {
+        supervise(self.command().spawn().expect("spawning domus run"), on_line)
+    }
+}
+
+/// Follows a started `domus run` to its end, handing each console line
+/// (trimmed) to `on_line` as it arrives.
+fn supervise(mut child: std::process::Child, mut on_line: impl FnMut(&str)) -> Run {
+    // A hung guest fails its test instead of hanging the run: after
+    // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
+    // and the run reports status 124, as coreutils' timeout would.
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let limit = Duration::from_secs(GUEST_TIMEOUT_S.into());
+        if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return None;
         }
-        let status = child.wait().unwrap();
-        let tail = last_line.elapsed();
-        drop(done);
-        let mut stderr = err_thread.join().unwrap();
-        let mut code = status.code().unwrap_or(-1);
-        if let Some(report) = watchdog.join().unwrap() {
-            code = 124;
-            stderr.push_str(&format!(
-                "\nthe guest ran past {GUEST_TIMEOUT_S} s and was killed\n{report}"
-            ));
-        }
-        Run {
-            code,
-            stdout,
-            stderr,
-            tail,
-        }
+        let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+        let _ = std::fs::create_dir_all(&dir);
+        let report = common::stall_report(pid, &dir, "");
+        // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
+        // for it only after its console closes); no memory is involved.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        Some(report)
+    });
+    let stderr = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+        s
+    });
+    let mut stdout = String::new();
+    let mut last_line = Instant::now();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap_or_default();
+        last_line = Instant::now();
+        on_line(line.trim());
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    let status = child.wait().unwrap();
+    let tail = last_line.elapsed();
+    drop(done);
+    let mut stderr = err_thread.join().unwrap();
+    let mut code = status.code().unwrap_or(-1);
+    if let Some(report) = watchdog.join().unwrap() {
+        code = 124;
+        stderr.push_str(&format!(
+            "\nthe guest ran past {GUEST_TIMEOUT_S} s and was killed\n{report}"
+        ));
+    }
+    Run {
+        code,
+        stdout,
+        stderr,
+        tail,
     }
 }
 

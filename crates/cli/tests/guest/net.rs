@@ -3,18 +3,6 @@
 use crate::*;
 use domus_api::client::VmmClient;
 
-/// The static guest helper (crates/guest), built by tools/test.
-fn guest_helper() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target/x86_64-unknown-linux-gnu/release/domus-guest");
-    assert!(
-        p.is_file(),
-        "{} missing: build it with RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p domus-guest --target x86_64-unknown-linux-gnu",
-        p.display()
-    );
-    p
-}
-
 /// A raw disk image holding the helper; returns the `domus run` arguments
 /// and the guest command that copies it to /h (the disk must be vda).
 fn helper_disk(dir: &std::path::Path) -> (String, String) {

@@ -1,0 +1,136 @@
+//! The guest agent in the tests: [`TestVm::agent`] boots a domain whose init
+//! is `domus-guest agent` (added to the kit's initramfs, with a vsock
+//! device for it), and [`Running`] runs commands in the booted guest,
+//! each answered with its exit status and output as a typed
+//! [`Reply`](domus_guest::agent::Reply), instead of a command line in
+//! base64 and `key=value` lines scraped from the console.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use domus_guest::agent::{Client, Reply};
+
+use crate::*;
+
+/// The vsock port the agent listens on.
+const AGENT_PORT: u32 = 1024;
+
+/// The kit's initramfs with the static `domus-guest` at /bin/domus-guest,
+/// made once per test run.
+fn agent_initrd() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let helper = std::fs::read(guest_helper()).unwrap();
+        let out = std::env::temp_dir().join(format!(
+            "domus-test-{}-agent-initramfs.cpio",
+            std::process::id()
+        ));
+        domus_kit::extend_initrd(&kit().initrd, &[("bin/domus-guest", 0o755, &helper)], &out)
+            .unwrap();
+        out
+    })
+    .clone()
+}
+
+/// A vsock CID for a test's guest: unique in this run, and apart from the
+/// range of the vsock test's (3 + pid % 100000).
+fn next_cid() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    1_000_000 + (std::process::id() % 100_000) * 64 + NEXT.fetch_add(1, Ordering::SeqCst) % 64
+}
+
+impl TestVm {
+    /// A domain whose init is the guest agent: start it with
+    /// [`TestVm::start`], then run commands in it.
+    pub(crate) fn agent() -> Self {
+        let cid = next_cid();
+        let mut vm = TestVm::new(&format!("domus-guest agent {AGENT_PORT}"))
+            .args(["--vsock".to_string(), format!("cid={cid}")]);
+        vm.initrd = agent_initrd();
+        vm.agent_cid = Some(cid);
+        vm
+    }
+
+    /// Boots the domain and waits until its agent answers.
+    pub(crate) fn start(&self) -> Running {
+        let cid = self
+            .agent_cid
+            .expect("TestVm::agent() makes a domain to start");
+        let child = self.command().spawn().expect("spawning domus run");
+        let pid = child.id();
+        let done = std::thread::spawn(move || supervise(child, |_| {}));
+        let mut vm = Running {
+            pid,
+            agent: Client::new(cid, AGENT_PORT),
+            done: Some(done),
+        };
+        let booting = || vm.done.as_ref().is_some_and(|d| !d.is_finished());
+        if let Err(e) = vm.agent.wait(Duration::from_secs(120), booting) {
+            let run = vm.stop();
+            panic!("the guest agent never answered: {e}\n{run}");
+        }
+        vm
+    }
+}
+
+/// A booted domain with its agent.
+pub(crate) struct Running {
+    pid: u32,
+    agent: Client,
+    done: Option<std::thread::JoinHandle<Run>>,
+}
+
+impl Running {
+    /// Runs `cmd` (a shell command line) in the guest.
+    #[track_caller]
+    pub(crate) fn run(&mut self, cmd: &str) -> Reply {
+        match self.agent.run(cmd) {
+            Ok(r) => r,
+            Err(e) => {
+                let run = self.stop();
+                panic!("`{cmd}` in the guest: {e}\n{run}")
+            }
+        }
+    }
+
+    /// Runs `cmd`, which must succeed, and gives its stdout without the
+    /// trailing newline.
+    #[track_caller]
+    pub(crate) fn sh(&mut self, cmd: &str) -> String {
+        let r = self.run(cmd);
+        assert_eq!(r.status, 0, "`{cmd}` in the guest: {r:?}");
+        r.out().to_string()
+    }
+
+    /// Ends the agent, which powers the guest off, and returns the run.
+    pub(crate) fn finish(mut self) -> Run {
+        if let Err(e) = self.agent.exit() {
+            let run = self.stop();
+            panic!("ending the guest agent: {e}\n{run}");
+        }
+        self.done
+            .take()
+            .expect("finished once")
+            .join()
+            .expect("the console reader")
+    }
+
+    /// Kills the VMM and returns what it printed.
+    fn stop(&mut self) -> Run {
+        let done = self.done.take().expect("stopped once");
+        if !done.is_finished() {
+            // SAFETY: kill(2) on the VMM this test started, which the
+            // console reader has not reaped (it has not finished).
+            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        }
+        done.join().expect("the console reader")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.done.is_some() {
+            self.stop();
+        }
+    }
+}

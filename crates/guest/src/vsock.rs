@@ -1,0 +1,111 @@
+//! `AF_VSOCK` stream sockets (std has none): connect to (CID, port), or
+//! listen on a port and accept connections.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+fn socket() -> std::io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new socket nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn address(cid: u32, port: u32) -> libc::sockaddr_vm {
+    // SAFETY: sockaddr_vm is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_port = port;
+    addr.svm_cid = cid;
+    addr
+}
+
+const ADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+
+/// A stream connected to `port` of `cid` (2 is the host).
+pub fn connect(cid: u32, port: u32) -> std::io::Result<File> {
+    let s = socket()?;
+    let addr = address(cid, port);
+    // SAFETY: the pointer and length describe `addr`, which outlives the
+    // call.
+    let r = unsafe {
+        libc::connect(
+            s.as_raw_fd(),
+            (&addr as *const libc::sockaddr_vm).cast(),
+            ADDR_LEN,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(File::from(s))
+}
+
+/// A socket listening on a port, for any CID.
+pub struct Listener(OwnedFd);
+
+impl Listener {
+    pub fn bind(port: u32) -> std::io::Result<Self> {
+        let s = socket()?;
+        let addr = address(libc::VMADDR_CID_ANY, port);
+        // SAFETY: as for connect.
+        let r = unsafe {
+            libc::bind(
+                s.as_raw_fd(),
+                (&addr as *const libc::sockaddr_vm).cast(),
+                ADDR_LEN,
+            )
+        };
+        // SAFETY: listen(2) on our socket.
+        if r < 0 || unsafe { libc::listen(s.as_raw_fd(), 8) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self(s))
+    }
+
+    /// The next connection.
+    pub fn accept(&self) -> std::io::Result<File> {
+        // SAFETY: accept4(2) on our listening socket; no address wanted.
+        let c = unsafe {
+            libc::accept4(
+                self.0.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if c < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `c` is a new connected socket nobody else owns.
+        Ok(unsafe { File::from_raw_fd(c) })
+    }
+}
+
+/// Makes reads and writes on `s` fail after `t` without progress.
+pub fn set_timeout(s: &File, t: std::time::Duration) -> std::io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_usec: libc::suseconds_t::from(t.subsec_micros() as i32),
+    };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: setsockopt(2) reads a timeval from the pointer, which
+        // points at `tv` with its size.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
