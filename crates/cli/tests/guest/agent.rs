@@ -81,6 +81,11 @@ pub(crate) struct Running {
 }
 
 impl Running {
+    /// The guest's vsock CID.
+    pub(crate) fn cid(&self) -> u32 {
+        self.agent.cid
+    }
+
     /// Runs `cmd` (a shell command line) in the guest.
     #[track_caller]
     pub(crate) fn run(&mut self, cmd: &str) -> Reply {

@@ -149,16 +149,17 @@ fn disk_id_discard_and_entropy() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Reads COUNT blocks of BS bytes from /dev/DEV with O_DIRECT and prints
-/// the guest's elapsed time in centiseconds (from /proc/uptime) as LABEL=.
-const TIMED_READ: &str = "a=$(cut -d' ' -f1 /proc/uptime | tr -d .); dd if=/dev/DEV of=/dev/null bs=BS count=COUNT iflag=direct 2>/dev/null; b=$(cut -d' ' -f1 /proc/uptime | tr -d .); echo LABEL=$((b - a))";
-
-fn timed_read(label: &str, dev: &str, bs: &str, count: u32) -> String {
-    TIMED_READ
-        .replace("LABEL", label)
-        .replace("DEV", dev)
-        .replace("BS", bs)
-        .replace("COUNT", &count.to_string())
+/// Reads `count` blocks of `bs` bytes from /dev/`dev` with O_DIRECT in the
+/// guest, and gives the seconds it took by the guest's clock
+/// (/proc/uptime, in centiseconds).
+fn timed_read(vm: &mut agent::Running, dev: &str, bs: &str, count: u32) -> f64 {
+    let cs: u64 = vm
+        .sh(&format!(
+            "a=$(cut -d' ' -f1 /proc/uptime | tr -d .); dd if=/dev/{dev} of=/dev/null bs={bs} count={count} iflag=direct 2>/dev/null; b=$(cut -d' ' -f1 /proc/uptime | tr -d .); echo $((b - a))"
+        ))
+        .parse()
+        .unwrap();
+    cs.max(1) as f64 / 100.0
 }
 
 /// Checks a measured `rate` against `limit`, given the `free` rate the same
@@ -184,18 +185,9 @@ fn assert_rate(what: &str, rate: f64, limit: f64, free: f64) -> String {
 #[test]
 fn exclusive_disk_rate_limits_hold_within_10_percent() {
     let dir = scratch("rate");
-    // 24 MiB at 6 MiB/s is 4 s; 500 reads of 4 KiB at 100/s is 5 s
-    // (the nested host's kit guest reads about 250 a second unlimited).
-    let cmd = [
-        timed_read("free_bw_cs", "vdc", "1M", 24),
-        timed_read("bw_cs", "vda", "1M", 24),
-        timed_read("free_iops_cs", "vdc", "4k", 500),
-        timed_read("iops_cs", "vdb", "4k", 500),
-    ]
-    .join("; ");
     // vda: 6 MiB/s; vdb: 100 operations/s; vdc: unlimited, the same reads
     // timed on it first.
-    let mut vm = TestVm::new(&cmd);
+    let mut vm = TestVm::agent();
     for (name, limit) in [
         ("bw.img", ",bw=6M"),
         ("iops.img", ",iops=100"),
@@ -203,21 +195,16 @@ fn exclusive_disk_rate_limits_hold_within_10_percent() {
     ] {
         vm = vm.disk(format!("{}{limit}", image(&dir, name, 64).display()));
     }
-    let r = vm.run();
-    assert_clean_poweroff(&r);
-    let per_sec = |amount: f64, key: &str| amount / (value(&r, key).max(1) as f64 / 100.0);
-    let bw = assert_rate(
-        "MiB/s",
-        per_sec(24.0, "bw_cs"),
-        6.0,
-        per_sec(24.0, "free_bw_cs"),
-    );
-    let iops = assert_rate(
-        "IOPS",
-        per_sec(500.0, "iops_cs"),
-        100.0,
-        per_sec(500.0, "free_iops_cs"),
-    );
+    let mut vm = vm.start();
+    // 24 MiB at 6 MiB/s is 4 s; 500 reads of 4 KiB at 100/s is 5 s (the
+    // nested host's kit guest reads about 250 a second unlimited).
+    let free_bw = 24.0 / timed_read(&mut vm, "vdc", "1M", 24);
+    let bw = 24.0 / timed_read(&mut vm, "vda", "1M", 24);
+    let free_iops = 500.0 / timed_read(&mut vm, "vdc", "4k", 500);
+    let iops = 500.0 / timed_read(&mut vm, "vdb", "4k", 500);
+    assert_clean_poweroff(&vm.finish());
+    let bw = assert_rate("MiB/s", bw, 6.0, free_bw);
+    let iops = assert_rate("IOPS", iops, 100.0, free_iops);
     eprintln!("domus-test: {bw}; {iops}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -17,95 +17,90 @@ fn api_pauses_resumes_counts_and_changes_limits() {
     let dir = scratch("api");
     let img = image(&dir, "d.img", 32);
     let sock = dir.join("api.sock");
-    // Spin for 8 s of guest time, then write 4 MiB to the disk.
-    let cmd = "echo phase=spin; end=$(( $(cut -d. -f1 /proc/uptime) + 8 )); while [ $(cut -d. -f1 /proc/uptime) -lt $end ]; do :; done; dd if=/dev/urandom of=/dev/vda bs=1M count=4 oflag=direct 2>/dev/null; echo phase=written; sleep 3";
-    let vm = TestVm::new(cmd)
+    let mut vm = TestVm::agent()
         .disk(format!("{},bw=64M", img.display()))
         .api_socket(&sock)
-        .args(["--name", "api-test"]);
-    let mut checked = Vec::new();
+        .args(["--name", "api-test"])
+        .start();
     let vmm = VmmClient::new(&sock);
-    let r = vm.run_watching(|line| match line {
-        "phase=spin" => {
-            let info = vmm.domain().unwrap();
-            assert_eq!(info.name, "api-test");
-            assert_eq!(info.state, DomainState::Running);
-            assert_eq!((info.vcpus, info.memory_mib), (1, 256));
-            let (pid, tid) = (u64::from(info.pid), info.vcpu_tids[0] as u64);
-            let spent = |ms| {
-                let a = thread_ticks(pid, tid);
-                std::thread::sleep(Duration::from_millis(ms));
-                thread_ticks(pid, tid) - a
-            };
-            assert!(spent(1000) >= 20, "the spinning vCPU used no CPU");
-            assert_eq!(vmm.pause().unwrap().state, DomainState::Paused);
-            let paused = spent(1500);
-            assert!(paused <= 2, "a paused vCPU used {paused} ticks");
-            assert_eq!(vmm.domain().unwrap().state, DomainState::Paused);
-            assert_eq!(vmm.resume().unwrap().state, DomainState::Running);
-            assert!(spent(1000) >= 20, "the resumed vCPU used no CPU");
-            checked.push("pause");
-        }
-        "phase=written" => {
-            let d = vmm.device("vda").unwrap();
-            assert_eq!(d.kind, "block");
-            assert!(d.counter("write_bytes") >= 4 << 20, "{d:?}");
-            assert!(d.counter("write_ops") >= 4, "{d:?}");
-            let limit = |d: &domus_api::vmm::DeviceInfo| d.rate_limit.unwrap_or_default();
-            assert_eq!(limit(&d).bandwidth, Some(64 << 20));
-            // Bad requests: a 4xx with a message, and nothing changes.
-            for (m, p, b, want) in [
-                (
-                    "PUT",
-                    "/v1/devices/vda/rate-limit",
-                    "{\"bandwidth\": \"fast\"}",
-                    400,
-                ),
-                ("PUT", "/v1/devices/vda/rate-limit", "{\"bw\": 1}", 400),
-                ("PUT", "/v1/devices/vda/rate-limit", "not json", 400),
-                ("PUT", "/v1/devices/vdq/rate-limit", "{\"iops\": 1}", 404),
-                ("PUT", "/v1/devices/rng0/rate-limit", "{\"iops\": 1}", 409),
-                ("DELETE", "/v1/domain", "", 405),
-                ("GET", "/v1/balloon", "", 404),
-                ("GET", "/nope", "", 404),
-            ] {
-                // Sent as written: these bodies are what the types refuse.
-                let (status, text) =
-                    domus_http::request(&sock, m, p, (!b.is_empty()).then_some(b)).unwrap();
-                assert_eq!(status, want, "{m} {p} {b}: {text}");
-                let e: domus_api::ErrorBody = serde_json::from_str(&text).unwrap();
-                assert!(!e.error.is_empty(), "{text}");
-            }
-            let d = vmm.device("vda").unwrap();
-            assert_eq!(
-                limit(&d).bandwidth,
-                Some(64 << 20),
-                "changed by a bad request"
-            );
-            let update = RateLimitUpdate {
-                bandwidth: Some(None),
-                iops: Some(Some(500)),
-            };
-            let d = vmm.set_rate_limit("vda", &update).unwrap();
-            let want = RateLimit {
-                bandwidth: None,
-                iops: Some(500),
-            };
-            assert_eq!(limit(&d), want);
-            let ids: Vec<String> = vmm.devices().unwrap().into_iter().map(|d| d.id).collect();
-            assert_eq!(ids, ["vda", "rng0"]);
-            // The server serves the committed OpenAPI document.
-            let (s, doc) = api(&sock, "GET", "/openapi.json", None);
-            assert_eq!(s, 200);
-            let committed: serde_json::Value =
-                serde_json::from_str(include_str!("../../../../api/domain.openapi.json")).unwrap();
-            assert_eq!(doc, committed);
-            checked.push("devices");
-        }
-        _ => {}
-    });
-    assert_clean_poweroff(&r);
-    assert_eq!(checked, ["pause", "devices"], "{r}");
+    let info = vmm.domain().unwrap();
+    assert_eq!(info.name, "api-test");
+    assert_eq!(info.state, DomainState::Running);
+    assert_eq!((info.vcpus, info.memory_mib), (1, 256));
+
+    // Pause stops a spinning vCPU; resume lets it run again.
+    let spinner = vm.sh("sh -c 'while :; do :; done' > /dev/null 2>&1 & echo $!");
+    let (pid, tid) = (u64::from(info.pid), info.vcpu_tids[0] as u64);
+    let spent = |ms| {
+        let a = thread_ticks(pid, tid);
+        std::thread::sleep(Duration::from_millis(ms));
+        thread_ticks(pid, tid) - a
+    };
+    assert!(spent(1000) >= 20, "the spinning vCPU used no CPU");
+    assert_eq!(vmm.pause().unwrap().state, DomainState::Paused);
+    let paused = spent(1500);
+    assert!(paused <= 2, "a paused vCPU used {paused} ticks");
+    assert_eq!(vmm.domain().unwrap().state, DomainState::Paused);
+    assert_eq!(vmm.resume().unwrap().state, DomainState::Running);
+    assert!(spent(1000) >= 20, "the resumed vCPU used no CPU");
+    vm.sh(&format!("kill {spinner}"));
+
+    // The disk's counters, and its limits read and changed.
+    vm.sh("dd if=/dev/urandom of=/dev/vda bs=1M count=4 oflag=direct");
+    let d = vmm.device("vda").unwrap();
+    assert_eq!(d.kind, "block");
+    assert!(d.counter("write_bytes") >= 4 << 20, "{d:?}");
+    assert!(d.counter("write_ops") >= 4, "{d:?}");
+    let limit = |d: &domus_api::vmm::DeviceInfo| d.rate_limit.unwrap_or_default();
+    assert_eq!(limit(&d).bandwidth, Some(64 << 20));
+    // Bad requests: a 4xx with a message, and nothing changes.
+    for (m, p, b, want) in [
+        (
+            "PUT",
+            "/v1/devices/vda/rate-limit",
+            "{\"bandwidth\": \"fast\"}",
+            400,
+        ),
+        ("PUT", "/v1/devices/vda/rate-limit", "{\"bw\": 1}", 400),
+        ("PUT", "/v1/devices/vda/rate-limit", "not json", 400),
+        ("PUT", "/v1/devices/vdq/rate-limit", "{\"iops\": 1}", 404),
+        ("PUT", "/v1/devices/rng0/rate-limit", "{\"iops\": 1}", 409),
+        ("DELETE", "/v1/domain", "", 405),
+        ("GET", "/v1/balloon", "", 404),
+        ("GET", "/nope", "", 404),
+    ] {
+        // Sent as written: these bodies are what the types refuse.
+        let (status, text) =
+            domus_http::request(&sock, m, p, (!b.is_empty()).then_some(b)).unwrap();
+        assert_eq!(status, want, "{m} {p} {b}: {text}");
+        let e: domus_api::ErrorBody = serde_json::from_str(&text).unwrap();
+        assert!(!e.error.is_empty(), "{text}");
+    }
+    let d = vmm.device("vda").unwrap();
+    assert_eq!(
+        limit(&d).bandwidth,
+        Some(64 << 20),
+        "changed by a bad request"
+    );
+    let update = RateLimitUpdate {
+        bandwidth: Some(None),
+        iops: Some(Some(500)),
+    };
+    let d = vmm.set_rate_limit("vda", &update).unwrap();
+    let want = RateLimit {
+        bandwidth: None,
+        iops: Some(500),
+    };
+    assert_eq!(limit(&d), want);
+    let ids: Vec<String> = vmm.devices().unwrap().into_iter().map(|d| d.id).collect();
+    assert_eq!(ids, ["vda", "vsock0", "rng0"]);
+    // The server serves the committed OpenAPI document.
+    let (s, doc) = api(&sock, "GET", "/openapi.json", None);
+    assert_eq!(s, 200);
+    let committed: serde_json::Value =
+        serde_json::from_str(include_str!("../../../../api/domain.openapi.json")).unwrap();
+    assert_eq!(doc, committed);
+    assert_clean_poweroff(&vm.finish());
     assert!(!sock.exists(), "the API socket outlived the domain");
     let _ = std::fs::remove_dir_all(dir);
 }

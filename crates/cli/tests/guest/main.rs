@@ -267,16 +267,6 @@ fn base64(s: &str) -> String {
     out
 }
 
-/// The value printed as `key=value` by the guest command.
-fn value(run: &Run, key: &str) -> u64 {
-    let prefix = format!("{key}=");
-    run.stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in the guest's output: {run}"))
-}
-
 #[track_caller]
 fn assert_clean_poweroff(run: &Run) {
     assert_eq!(run.code, 0, "{run}");
@@ -365,13 +355,4 @@ impl Drop for Bridge {
             let _ = Command::new("ip").args(["link", "del", l]).status();
         }
     }
-}
-
-/// Every value printed as `key=value` (several per line allowed).
-fn all_words(run: &Run, key: &str) -> Vec<String> {
-    let prefix = format!("{key}=");
-    run.stdout
-        .split_whitespace()
-        .filter_map(|w| w.strip_prefix(&prefix).map(str::to_string))
-        .collect()
 }

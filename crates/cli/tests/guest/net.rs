@@ -3,20 +3,6 @@
 use crate::*;
 use domus_api::client::VmmClient;
 
-/// A raw disk image holding the helper; returns the `domus run` arguments
-/// and the guest command that copies it to /h (the disk must be vda).
-fn helper_disk(dir: &std::path::Path) -> (String, String) {
-    let bin = std::fs::read(guest_helper()).unwrap();
-    let img = dir.join("helper.img");
-    let mut padded = bin.clone();
-    padded.resize(bin.len().div_ceil(512) * 512, 0);
-    std::fs::write(&img, padded).unwrap();
-    (
-        format!("{},ro", img.display()),
-        format!("head -c {} /dev/vda > /h; chmod +x /h; ", bin.len()),
-    )
-}
-
 /// The helper receiving on the host's side; killed if the test fails before
 /// it has been waited for (a guest that never connects leaves it waiting).
 struct HostRecv(Option<std::process::Child>);
@@ -47,15 +33,48 @@ impl Drop for HostRecv {
     }
 }
 
-/// Guest shell that waits (up to about a minute) until `ip` answers a ping.
-fn until_reachable(ip: &str) -> String {
-    format!("for i in $(seq 60); do ping -c 1 -W 1 {ip} >/dev/null && break; done; ")
+/// A word `key=value` from a stream report of `domus-guest`
+/// (`sent_bytes=N sent_hash=H sent_mbs=X`).
+fn field(report: &str, key: &str) -> String {
+    report
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")).map(str::to_string))
+        .unwrap_or_else(|| panic!("no {key} in {report}"))
+}
+
+/// Sets up eth0 with `addr`/24.
+fn net_up(vm: &mut agent::Running, addr: &str) {
+    vm.sh(&format!(
+        "ip link set eth0 up && ip addr add {addr}/24 dev eth0"
+    ));
+}
+
+/// Waits (up to about a minute) until `peer` answers the guest's pings.
+fn reach(vm: &mut agent::Running, peer: &str) {
+    let r = vm.run(&format!(
+        "for i in $(seq 60); do ping -c 1 -W 1 {peer} >/dev/null && exit 0; done; exit 1"
+    ));
+    assert_eq!(r.status, 0, "never reached {peer}");
+}
+
+/// Starts `domus-guest recv|echo PROTO PORT` in the background of `vm`,
+/// writing its report to `file`, and waits until it listens.
+fn serve_in_background(vm: &mut agent::Running, what: &str, file: &str) {
+    vm.sh(&format!("domus-guest {what} > {file} 2>&1 &"));
+    vm.sh(&format!(
+        "for i in $(seq 100); do grep -q listening= {file} && exit 0; sleep 0.1; done; cat {file}; exit 1"
+    ));
+}
+
+/// The report in `file` once the background helper has finished.
+fn report_of(vm: &mut agent::Running, file: &str, key: &str) -> String {
+    vm.sh(&format!(
+        "for i in $(seq 300); do grep -q {key}= {file} && break; sleep 0.1; done; cat {file}"
+    ))
 }
 
 #[test]
 fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
-    let dir = scratch("net");
-    let (helper, fetch) = helper_disk(&dir);
     let tag = std::process::id() % 100_000;
     let (br, ta, tb) = (
         format!("dbr{tag}"),
@@ -65,84 +84,67 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     let _bridge = Bridge::new(&br, "10.77.0.1/24", &[&ta, &tb]);
     // The host end of guest-to-host: the helper itself, on the bridge.
     let host_recv = HostRecv::new("tcp", 5001);
-    let up = "ip link set lo up; ip link set eth0 up; ip addr add ADDR/24 dev eth0; ";
-    // Each guest waits until it reaches the other (they boot side by side
-    // and either may be first) before it counts pings or sends.
-    let a_cmd = format!(
-        "{fetch}{}/h recv tcp 5000 > /tmp/r & {}ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
-        up.replace("ADDR", "10.77.0.2"),
-        until_reachable("10.77.0.3")
-    );
-    let b_cmd = format!(
-        "{fetch}{}{}sleep 2; /h send tcp 10.77.0.2 5000 100; /h send tcp 10.77.0.1 5001 10; cat /sys/class/net/eth0/address | sed 's/^/mac=/'",
-        up.replace("ADDR", "10.77.0.3"),
-        until_reachable("10.77.0.2")
-    );
-    let a = TestVm::new(&a_cmd)
-        .disk(&helper)
-        .args(["--net".to_string(), format!("tap={ta}")]);
-    let b = TestVm::new(&b_cmd).disk(&helper).args([
-        "--net".to_string(),
-        format!("tap={tb},mac=52:54:00:12:34:56"),
-    ]);
-    let a = std::thread::spawn(move || a.run());
-    let b = std::thread::spawn(move || b.run());
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
-    assert_clean_poweroff(&a);
-    assert_clean_poweroff(&b);
-    let host_out = host_recv.output();
-    assert_eq!(value(&a, "pings"), 3, "{a}");
-    let sent = all_words(&b, "sent_hash");
-    let sent_bytes = all_words(&b, "sent_bytes");
-    assert_eq!(sent_bytes, ["104857600", "10485760"], "{b}");
-    assert_eq!(all_words(&a, "recv_bytes"), ["104857600"], "{a}");
+    let a = std::thread::spawn(move || {
+        TestVm::agent()
+            .args(["--net".to_string(), format!("tap={ta}")])
+            .start()
+    });
+    let b = std::thread::spawn(move || {
+        TestVm::agent()
+            .args([
+                "--net".to_string(),
+                format!("tap={tb},mac=52:54:00:12:34:56"),
+            ])
+            .start()
+    });
+    let (mut a, mut b) = (a.join().unwrap(), b.join().unwrap());
+    net_up(&mut a, "10.77.0.2");
+    net_up(&mut b, "10.77.0.3");
+    reach(&mut a, "10.77.0.3");
+    reach(&mut b, "10.77.0.2");
+    assert_eq!(b.sh("cat /sys/class/net/eth0/address"), "52:54:00:12:34:56");
     assert_eq!(
-        all_words(&a, "recv_hash"),
-        [sent[0].clone()],
+        a.sh("ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from'"),
+        "3"
+    );
+
+    // Guest to guest: 100 MiB, the checksum the same at both ends.
+    serve_in_background(&mut a, "recv tcp 5000", "/tmp/r");
+    let sent = b.sh("domus-guest send tcp 10.77.0.2 5000 100");
+    let got = report_of(&mut a, "/tmp/r", "recv_hash");
+    assert_eq!(field(&sent, "sent_bytes"), "104857600", "{sent}");
+    assert_eq!(field(&got, "recv_bytes"), "104857600", "{got}");
+    assert_eq!(
+        field(&got, "recv_hash"),
+        field(&sent, "sent_hash"),
         "guest to guest"
     );
-    assert!(
-        host_out.contains(&format!("recv_hash={}", sent[1]))
-            && host_out.contains("recv_bytes=10485760"),
-        "guest to host: {host_out} vs {b}"
+
+    // Guest to host.
+    let sent = b.sh("domus-guest send tcp 10.77.0.1 5001 10");
+    let host_out = host_recv.output();
+    assert_eq!(field(&host_out, "recv_bytes"), "10485760", "{host_out}");
+    assert_eq!(
+        field(&host_out, "recv_hash"),
+        field(&sent, "sent_hash"),
+        "guest to host"
     );
-    assert_eq!(word(&b, "mac"), "52:54:00:12:34:56");
-    let _ = std::fs::remove_dir_all(dir);
+    assert_clean_poweroff(&a.finish());
+    assert_clean_poweroff(&b.finish());
 }
 
 #[test]
 fn vsock_both_ways_with_10_mib_echoed_intact() {
-    let dir = scratch("vsock");
-    let (helper, fetch) = helper_disk(&dir);
-    let cid = 3 + std::process::id() % 100_000;
-    // Host to guest: the guest echoes on port 5000 and the host pings it
-    // once it listens. Guest to host: the host listens on port 5001.
-    let host_recv = HostRecv::new("vsock", 5001);
-    let cmd = format!("{fetch}/h echo vsock 5000 > /tmp/e & sleep 1; echo phase=listening; wait; cat /tmp/e; /h send vsock 2 5001 10");
-    let vm = TestVm::new(&cmd)
-        .disk(&helper)
-        .args(["--vsock".to_string(), format!("cid={cid}")]);
-    let mut ping = None;
-    let r = vm.run_watching(|line| {
-        if line == "phase=listening" {
-            let out = Command::new(guest_helper())
-                .args(["ping", "vsock", &cid.to_string(), "5000", "10"])
-                .output()
-                .unwrap();
-            ping = Some(
-                String::from_utf8_lossy(&out.stdout).to_string()
-                    + &String::from_utf8_lossy(&out.stderr),
-            );
-        }
-    });
-    assert_clean_poweroff(&r);
-    let host_out = host_recv.output();
-    let ping = ping.expect("the guest never listened");
-    let field = |s: &str, k: &str| {
-        s.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_string))
-            .unwrap_or_else(|| panic!("no {k} in {s}"))
-    };
+    let mut vm = TestVm::agent().start();
+    let cid = vm.cid();
+    // Host to guest: the guest echoes on port 5000 and the host pings it.
+    serve_in_background(&mut vm, "echo vsock 5000", "/tmp/e");
+    let out = Command::new(guest_helper())
+        .args(["ping", "vsock", &cid.to_string(), "5000", "10"])
+        .output()
+        .unwrap();
+    let ping =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(field(&ping, "sent_bytes"), "10485760", "{ping}");
     assert_eq!(field(&ping, "echoed_bytes"), "10485760", "{ping}");
     assert_eq!(
@@ -150,22 +152,24 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
         field(&ping, "sent_hash"),
         "host to guest and back"
     );
+    let echo = report_of(&mut vm, "/tmp/e", "echo_hash");
     assert_eq!(
-        field(&r.stdout, "echo_hash"),
+        field(&echo, "echo_hash"),
         field(&ping, "sent_hash"),
         "what the guest saw"
     );
-    assert_eq!(
-        field(&host_out, "recv_bytes"),
-        "10485760",
-        "{host_out}\n{r}"
-    );
+    // Guest to host: the host listens on port 5001.
+    let host_recv = HostRecv::new("vsock", 5001);
+    let sent = vm.run("for i in $(seq 50); do domus-guest send vsock 2 5001 10 && exit 0; sleep 0.1; done; exit 1");
+    assert_eq!(sent.status, 0, "{sent:?}");
+    let host_out = host_recv.output();
+    assert_eq!(field(&host_out, "recv_bytes"), "10485760", "{host_out}");
     assert_eq!(
         field(&host_out, "recv_hash"),
-        field(&r.stdout, "sent_hash"),
+        field(sent.out(), "sent_hash"),
         "guest to host"
     );
-    let _ = std::fs::remove_dir_all(dir);
+    assert_clean_poweroff(&vm.finish());
 }
 
 // Runs alone, like the disk rate test: beside the bridge test's 100 MiB
@@ -173,31 +177,23 @@ fn vsock_both_ways_with_10_mib_echoed_intact() {
 #[test]
 fn exclusive_net_rate_limit_holds_within_10_percent() {
     let dir = scratch("netrate");
-    let (helper, fetch) = helper_disk(&dir);
     let tag = std::process::id() % 100_000;
     let (br, tap) = (format!("drb{tag}"), format!("drt{tag}"));
     let _bridge = Bridge::new(&br, "10.79.0.1/24", &[&tap]);
     let host_recv = HostRecv::new("tcp", 5002);
-    // 16 MiB at 4 MiB/s is 4 s.
-    let cmd = format!(
-        "{fetch}ip link set eth0 up; ip addr add 10.79.0.2/24 dev eth0; {}/h send tcp 10.79.0.1 5002 16; echo phase=sent",
-        until_reachable("10.79.0.1")
-    );
     let sock = dir.join("api.sock");
-    let vm = TestVm::new(&cmd)
-        .disk(&helper)
+    let mut vm = TestVm::agent()
         .args(["--net".to_string(), format!("tap={tap},bw=4M")])
-        .api_socket(&sock);
-    let mut counters = None;
-    let r = vm.run_watching(|line| {
-        if line == "phase=sent" {
-            counters = Some(VmmClient::new(&sock).device("net0").unwrap().counters);
-        }
-    });
-    assert_clean_poweroff(&r);
+        .api_socket(&sock)
+        .start();
+    net_up(&mut vm, "10.79.0.2");
+    reach(&mut vm, "10.79.0.1");
+    // 16 MiB at 4 MiB/s is 4 s.
+    vm.sh("domus-guest send tcp 10.79.0.1 5002 16");
+    let c = VmmClient::new(&sock).device("net0").unwrap().counters;
+    assert_clean_poweroff(&vm.finish());
     // The interface counted the transfer, the limiter's waits, and the
     // notifications both ways.
-    let c = counters.unwrap_or_else(|| panic!("the guest never sent: {r}"));
     let n = |k: &str| *c.get(k).unwrap_or_else(|| panic!("no {k} in {c:?}"));
     assert!(n("tx_bytes") >= 16 << 20, "{c:?}");
     assert!(n("tx_packets") > 0 && n("rx_packets") > 0, "{c:?}");
@@ -212,7 +208,7 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("recv_mbs="))
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no rate in {out}\n{r}"));
+        .unwrap_or_else(|| panic!("no rate in {out}"));
     let limit = 4.0 * 1048576.0 / 1e6;
     assert!(
         (mbs / limit - 1.0).abs() <= 0.10,
