@@ -78,6 +78,9 @@ pub struct DomainConfig {
     pub disks: Vec<Disk>,
     #[serde(default)]
     pub vifs: Vec<Vif>,
+    /// A virtio-vsock device with this context id (`vsock = 'cid=N'`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_cid: Option<u64>,
     pub on_poweroff: Action,
     pub on_reboot: Action,
     pub on_crash: Action,
@@ -147,6 +150,7 @@ mod tests {
                 rate: Some(1_250_000),
                 ..Vif::default()
             }],
+            vsock_cid: Some(7),
             on_poweroff: Action::Destroy,
             on_reboot: Action::Restart,
             on_crash: Action::Preserve,

@@ -70,6 +70,23 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     parts.next().is_none().then_some(m)
 }
 
+/// Parses a vsock device: `cid=N` (or `N`), N from 3 (0, 1 and 2 are
+/// reserved) to 2^32 - 2, as `domus run --vsock` and xl.cfg's `vsock`
+/// take it.
+pub fn parse_vsock(s: &str) -> Result<u64, String> {
+    let v = s.trim();
+    let v = v.strip_prefix("cid=").unwrap_or(v);
+    let cid: u64 = v
+        .parse()
+        .map_err(|_| format!("'{s}': expected cid=N, N a whole number"))?;
+    if !(3..u64::from(u32::MAX)).contains(&cid) {
+        return Err(format!(
+            "'{s}': CIDs 0, 1 and 2 are reserved (and 2^32 - 1)"
+        ));
+    }
+    Ok(cid)
+}
+
 /// A type whose every value, however it was written, must pass a check.
 pub trait Checked {
     fn check(&self) -> Result<(), String>;
@@ -336,6 +353,15 @@ pub struct VmSpec {
 mod tests {
     use super::*;
     use crate::parse_body;
+
+    #[test]
+    fn vsock_cids() {
+        assert_eq!(parse_vsock("cid=3"), Ok(3));
+        assert_eq!(parse_vsock("4294967294"), Ok(u64::from(u32::MAX) - 1));
+        for bad in ["cid=2", "0", "cid=4294967295", "cid=x", "tap=1", ""] {
+            assert!(parse_vsock(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes() {

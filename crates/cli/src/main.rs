@@ -159,7 +159,7 @@ struct RunArgs {
     /// A virtio-vsock device with this context id, on the host's
     /// vhost-vsock: host programs connect to (CID, port) with AF_VSOCK
     /// sockets, and the guest reaches host listeners at CID 2.
-    #[arg(long, value_name = "cid=N", value_parser = domus_vmm::config::parse_vsock)]
+    #[arg(long, value_name = "cid=N", value_parser = domus_api::spec::parse_vsock)]
     vsock: Option<u64>,
     /// Leave out the virtio-rng entropy device (present by default, fed from
     /// the host's getrandom).

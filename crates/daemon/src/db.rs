@@ -315,6 +315,7 @@ mod tests {
             cmdline: String::new(),
             disks: Vec::new(),
             vifs: Vec::new(),
+            vsock_cid: None,
             on_poweroff: domus_api::domain::Action::Destroy,
             on_reboot: domus_api::domain::Action::Restart,
             on_crash: domus_api::domain::Action::Destroy,

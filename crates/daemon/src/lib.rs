@@ -80,6 +80,8 @@ pub enum Error {
     Config(#[from] domus_xlcfg::ConfigError),
     #[error("a domain named '{0}' exists")]
     NameInUse(String),
+    #[error("vsock cid {cid} is domain {name}'s")]
+    CidInUse { cid: u64, name: String },
     #[error("no domain '{0}'")]
     NoSuchDomain(String),
     #[error("not enough memory: the domain needs {need} MiB, {free} MiB of the host's {total} MiB are free ({used} MiB in domains, {reserve} MiB kept for the host)")]
@@ -108,7 +110,10 @@ impl Error {
         match self {
             Error::Config(_) | Error::Invalid(_) => 400,
             Error::NoSuchDomain(_) => 404,
-            Error::NameInUse(_) | Error::NoMemory { .. } | Error::WrongState { .. } => 409,
+            Error::NameInUse(_)
+            | Error::CidInUse { .. }
+            | Error::NoMemory { .. }
+            | Error::WrongState { .. } => 409,
             _ => 500,
         }
     }

@@ -132,8 +132,17 @@ impl Daemon {
         // the memory) happen under the lifecycle lock; starting the VMM does
         // not, so creates run side by side.
         let guard = lock(&self.lifecycle);
-        if lock(&self.db).all()?.iter().any(|r| r.name == c.name) {
+        let rows = lock(&self.db).all()?;
+        if rows.iter().any(|r| r.name == c.name) {
             return Err(Error::NameInUse(c.name.clone()));
+        }
+        if let Some(cid) = c.vsock_cid {
+            if let Some(r) = rows.iter().find(|r| r.config.vsock_cid == Some(cid)) {
+                return Err(Error::CidInUse {
+                    cid,
+                    name: r.name.clone(),
+                });
+            }
         }
         self.admit(c.memory_mib, None)?;
         let row = db::Row {
@@ -231,7 +240,7 @@ impl Daemon {
             console: ConsoleSpec::File(dir.join("console.log")),
             disks: c.disks.iter().map(disk_spec).collect(),
             nets: Vec::new(),
-            vsock_cid: None,
+            vsock_cid: c.vsock_cid,
             rng: true,
             balloon: true,
             prefault: false,

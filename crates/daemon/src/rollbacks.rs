@@ -197,3 +197,27 @@ fn a_group_the_kernel_holds_on_to_is_removed_later() {
     assert!(b.groups.groups.lock().unwrap().is_empty());
     b.done();
 }
+
+#[test]
+fn a_vsock_cid_in_use_is_refused_before_anything_is_made() {
+    let b = Bench::new("cid");
+    b.d.create("a.cfg", "/", &config("a", "vsock = 'cid=9'"), &[])
+        .unwrap();
+    let id = b.d.find("a").unwrap().id;
+    let spec = std::fs::read_to_string(b.state.join(format!("domains/{id}/vm.json"))).unwrap();
+    let spec: domus_api::spec::VmSpec = serde_json::from_str(&spec).unwrap();
+    assert_eq!(spec.vsock_cid, Some(9), "the VMM gets the CID");
+    let e =
+        b.d.create("b.cfg", "/", &config("b", "vsock = 'cid=9'"), &[])
+            .unwrap_err();
+    assert!(
+        matches!(&e, Error::CidInUse { cid: 9, name } if name == "a"),
+        "{e}"
+    );
+    assert_eq!(e.status(), 409);
+    assert!(b.d.find("b").is_err());
+    assert_eq!(b.started.lock().unwrap().len(), 1);
+    b.d.create("b.cfg", "/", &config("b", "vsock = 'cid=10'"), &[])
+        .unwrap();
+    b.done();
+}

@@ -63,20 +63,6 @@ pub enum ConfigError {
     TooMuchMemory(u64, u64),
 }
 
-/// Parses a `--vsock` value: `cid=N` (3 or more).
-pub fn parse_vsock(s: &str) -> Result<u64, String> {
-    let v = s.strip_prefix("cid=").unwrap_or(s);
-    let cid: u64 = v
-        .parse()
-        .map_err(|_| format!("'{s}': expected cid=N, N a whole number"))?;
-    if !(3..u64::from(u32::MAX)).contains(&cid) {
-        return Err(format!(
-            "'{s}': CIDs 0, 1 and 2 are reserved (and 2^32 - 1)"
-        ));
-    }
-    Ok(cid)
-}
-
 /// Parses a `--net` value: `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`; `bw`
 /// is bytes per second and `pps` packets per second, both directions
 /// together.

@@ -56,6 +56,7 @@ const KNOWN: &[&str] = &[
     "root",
     "disk",
     "vif",
+    "vsock",
     "on_poweroff",
     "on_reboot",
     "on_crash",
@@ -415,6 +416,13 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             vifs.push(parse_vif(&v, &mut warnings).map_err(|m| invalid(&s, m))?);
         }
     }
+    let vsock_cid = match get("vsock") {
+        Some(s) => {
+            let v = string(&s).map_err(|m| invalid(&s, m))?;
+            Some(domus_api::spec::parse_vsock(&v).map_err(|m| invalid(&s, m))?)
+        }
+        None => None,
+    };
     let act = |key: &str, default| match get(key) {
         Some(s) => action(&s).map_err(|m| invalid(&s, m)),
         None => Ok(default),
@@ -436,6 +444,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             cmdline,
             disks,
             vifs,
+            vsock_cid,
             on_poweroff,
             on_reboot,
             on_crash,
@@ -463,6 +472,7 @@ extra = "console=ttyS0 quiet"
 disk = [ '/img/web.raw,raw,xvda,rw', 'format=raw, vdev=xvdb, access=ro, target=/img/a,b.raw' ]
 vif = [ 'mac=00:16:3E:00:00:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s,script=vif-bridge' ]
 on_crash = 'restart'
+vsock = 'cid=42'
 pool = "Pool-0"
 "#;
 
@@ -481,6 +491,7 @@ pool = "Pool-0"
         assert_eq!(c.vifs[0].mac.as_deref(), Some("00:16:3e:00:00:01"));
         assert_eq!(c.vifs[0].rate, Some(1_250_000));
         assert_eq!(c.on_crash, Action::Restart);
+        assert_eq!(c.vsock_cid, Some(42));
         assert_eq!(c.on_reboot, Action::Restart);
         assert_eq!(c.on_poweroff, Action::Destroy);
         assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
@@ -522,6 +533,8 @@ pool = "Pool-0"
             ("vif = ['rate=10']", "vif", 1),
             ("vif = ['ip=300.1.1.1']", "vif", 1),
             ("on_crash = 'explode'", "on_crash", 1),
+            ("vsock = 'cid=2'", "vsock", 1),
+            ("vsock = 5", "vsock", 1),
             ("maxmem = 100", "maxmem", 1),
             ("name = '123'", "name", 1),
             ("name = 'a b'", "name", 1),
