@@ -13,11 +13,11 @@ use domus_guest::agent::{Client, Reply};
 use crate::*;
 
 /// The vsock port the agent listens on.
-const AGENT_PORT: u32 = 1024;
+pub(crate) const AGENT_PORT: u32 = 1024;
 
 /// The kit's initramfs with the static `domus-guest` at /bin/domus-guest,
 /// made once per test run.
-fn agent_initrd() -> PathBuf {
+pub(crate) fn agent_initrd() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let helper = std::fs::read(guest_helper()).unwrap();
@@ -34,7 +34,7 @@ fn agent_initrd() -> PathBuf {
 
 /// A vsock CID for a test's guest: unique in this run, and apart from the
 /// range of the vsock test's (3 + pid % 100000).
-fn next_cid() -> u32 {
+pub(crate) fn next_cid() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     1_000_000 + (std::process::id() % 100_000) * 64 + NEXT.fetch_add(1, Ordering::SeqCst) % 64
 }

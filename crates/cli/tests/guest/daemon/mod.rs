@@ -8,6 +8,7 @@ mod scheduling;
 
 use crate::*;
 use domus_api::daemon::{Domain, Info, State};
+use domus_guest::agent::Client;
 
 /// Runs `domus VERB ARGS...` against the daemon in `state`.
 fn domus_cli(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
@@ -180,6 +181,48 @@ fn domain_config(
     )
     .unwrap();
     cfg
+}
+
+/// Writes `dir/NAME.cfg`: a kit domain with `memory` MiB whose init is the
+/// guest agent, on a vsock device with a CID of its own, and any further
+/// `settings` lines. Returns the file and the agent's client.
+fn agent_config(
+    dir: &std::path::Path,
+    name: &str,
+    memory: u32,
+    settings: &str,
+) -> (PathBuf, Client) {
+    let cid = agent::next_cid();
+    let cfg = dir.join(format!("{name}.cfg"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = '{name}'\nmemory = {memory}\nkernel = '{}'\nramdisk = '{}'\nextra = 'console=ttyS0 quiet panic=-1 -- domus-guest agent {}'\nvsock = 'cid={cid}'\n{settings}\n",
+            kit().kernel.display(),
+            agent::agent_initrd().display(),
+            agent::AGENT_PORT,
+        ),
+    )
+    .unwrap();
+    (cfg, Client::new(cid, agent::AGENT_PORT))
+}
+
+/// Waits until the agent of a daemon's domain answers.
+fn agent_ready(guest: &Client) {
+    if let Err(e) = guest.wait(Duration::from_secs(120), || true) {
+        panic!("the guest agent never answered: {e}");
+    }
+}
+
+/// Runs `cmd` in a daemon's domain through its agent; it must succeed.
+/// Gives its stdout without the trailing newline.
+#[track_caller]
+fn guest_sh(guest: &Client, cmd: &str) -> String {
+    let r = guest
+        .run(cmd)
+        .unwrap_or_else(|e| panic!("`{cmd}` in the guest: {e}"));
+    assert_eq!(r.status, 0, "`{cmd}` in the guest: {r:?}");
+    r.out().to_string()
 }
 
 fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &str) -> PathBuf {
