@@ -13,7 +13,8 @@ pub struct CreateRequest {
     /// Its name, for messages (default `config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
-    /// The directory relative paths in it are taken from (default `/`).
+    /// The absolute directory relative paths in it are taken from, once, at
+    /// create (default `/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
     /// `key=value` settings that override the file's.

@@ -56,6 +56,17 @@ pub type Upgrade<'a> = &'a dyn Fn(&Legacy) -> Result<DomainConfig, String>;
 /// The schema's version this code writes.
 const VERSION: i64 = 1;
 
+/// Why the database could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{path}: schema version {found} is newer than this Domus knows ({VERSION})")]
+    Newer { path: String, found: i64 },
+    #[error("converting domain {id} ({name})'s stored configuration: {msg}")]
+    Upgrade { id: i64, name: String, msg: String },
+}
+
 fn json_error(col: usize, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(
         col,
@@ -67,17 +78,17 @@ fn json_error(col: usize, e: impl std::fmt::Display) -> rusqlite::Error {
 impl Db {
     /// Opens (or makes) the database at `path`; a version 0 database is
     /// converted with `upgrade`, all rows or none.
-    pub fn open(path: &Path, upgrade: Upgrade<'_>) -> rusqlite::Result<Self> {
+    pub fn open(path: &Path, upgrade: Upgrade<'_>) -> Result<Self, OpenError> {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version > VERSION {
-            return Err(rusqlite::Error::InvalidParameterName(format!(
-                "{}: schema version {version} is newer than this Domus knows ({VERSION})",
-                path.display()
-            )));
+            return Err(OpenError::Newer {
+                path: path.display().to_string(),
+                found: version,
+            });
         }
         let db = Self { conn };
         if db.has_column("domains", "cfg_text")? {
@@ -121,7 +132,7 @@ impl Db {
 
     /// Version 0 to 1: each row's configuration text, file, directory and
     /// overrides become one typed record, in one transaction.
-    fn upgrade_from_0(&self, upgrade: Upgrade<'_>) -> rusqlite::Result<()> {
+    fn upgrade_from_0(&self, upgrade: Upgrade<'_>) -> Result<(), OpenError> {
         let tx = self.conn.unchecked_transaction()?;
         let legacy: Vec<Legacy> = {
             let mut st = tx.prepare(
@@ -142,11 +153,10 @@ impl Db {
         };
         tx.execute_batch("ALTER TABLE domains ADD COLUMN config TEXT NOT NULL DEFAULT ''")?;
         for l in &legacy {
-            let c = upgrade(l).map_err(|e| {
-                rusqlite::Error::InvalidParameterName(format!(
-                    "converting domain {} ({})'s stored configuration: {e}",
-                    l.id, l.name
-                ))
+            let c = upgrade(l).map_err(|msg| OpenError::Upgrade {
+                id: l.id,
+                name: l.name.clone(),
+                msg,
             })?;
             let json = serde_json::to_string(&c).map_err(|e| json_error(2, e))?;
             tx.execute(
@@ -158,7 +168,7 @@ impl Db {
             tx.execute_batch(&format!("ALTER TABLE domains DROP COLUMN {col}"))?;
         }
         tx.pragma_update(None, "user_version", 1)?;
-        tx.commit()
+        Ok(tx.commit()?)
     }
 
     fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -480,6 +490,26 @@ mod tests {
         // Opened again: version 1, nothing to convert.
         let db = Db::open(&path, &no_upgrade).unwrap();
         assert_eq!(db.all().unwrap().len(), 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_left_alone() {
+        let dir = std::env::temp_dir().join(format!("domus-db-new-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", VERSION + 1)
+            .unwrap();
+        let e = Db::open(&path, &no_upgrade).err().unwrap();
+        assert!(matches!(e, OpenError::Newer { found: 2, .. }), "{e}");
+        let c = Connection::open(&path).unwrap();
+        let tables: i64 = c
+            .query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(tables, 0, "nothing was made");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

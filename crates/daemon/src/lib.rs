@@ -100,6 +100,8 @@ pub enum Error {
     WrongState { name: String, state: State },
     #[error("state database: {0}")]
     Db(#[from] rusqlite::Error),
+    #[error("opening the state database: {0}")]
+    OpenDb(#[from] db::OpenError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

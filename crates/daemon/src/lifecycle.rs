@@ -125,6 +125,11 @@ impl Daemon {
         text: &str,
         overrides: &[String],
     ) -> Result<Created> {
+        if !Path::new(dir).is_absolute() {
+            return Err(Error::Invalid(format!(
+                "the configuration's directory must be an absolute path, not '{dir}'"
+            )));
+        }
         let mut loaded = domus_xlcfg::load(file, text, overrides)?;
         loaded.config.make_absolute(Path::new(dir));
         let c = &loaded.config;

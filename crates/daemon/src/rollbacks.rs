@@ -199,6 +199,23 @@ fn a_group_the_kernel_holds_on_to_is_removed_later() {
 }
 
 #[test]
+fn relative_paths_are_resolved_once_from_an_absolute_directory() {
+    let b = Bench::new("paths");
+    let text = config("p", "ramdisk = 'initrd'\ndisk = ['d.raw,raw,xvda,rw']");
+    let e = b.d.create("p.cfg", "etc", &text, &[]).unwrap_err();
+    assert!(e.to_string().contains("absolute"), "{e}");
+    b.d.create("p.cfg", "/srv/vm", &text, &[]).unwrap();
+    let c = b.d.find("p").unwrap().config;
+    assert_eq!(c.kernel, std::path::Path::new("/k"));
+    assert_eq!(
+        c.ramdisk.as_deref(),
+        Some(std::path::Path::new("/srv/vm/initrd"))
+    );
+    assert_eq!(c.disks[0].path, std::path::Path::new("/srv/vm/d.raw"));
+    b.done();
+}
+
+#[test]
 fn a_vsock_cid_in_use_is_refused_before_anything_is_made() {
     let b = Bench::new("cid");
     b.d.create("a.cfg", "/", &config("a", "vsock = 'cid=9'"), &[])
