@@ -106,8 +106,11 @@ impl DomainConfig {
 }
 
 /// Whether `name` may name a domain: 1 to 64 of `[A-Za-z0-9-_.]`, not all
-/// digits (those are ids).
+/// digits (those are ids), and not `Domain-0` (the host), in any case.
 pub fn check_name(name: &str) -> Result<(), String> {
+    if name.eq_ignore_ascii_case("Domain-0") {
+        return Err(format!("'{name}' is the host's name (Domain-0)"));
+    }
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -186,7 +189,16 @@ mod tests {
         for good in ["a", "web-1", "x.y_z", "1a"] {
             assert!(check_name(good).is_ok(), "{good}");
         }
-        for bad in ["", "123", "a b", "a\nb", "a'b", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "123",
+            "a b",
+            "a\nb",
+            "a'b",
+            "Domain-0",
+            "domain-0",
+            &"x".repeat(65),
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         assert!(check_name("a\x1b[1m").unwrap_err().contains("\\u{1b}"));

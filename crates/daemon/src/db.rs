@@ -226,10 +226,22 @@ impl Db {
         Ok(id)
     }
 
-    pub fn set_running(&self, id: i64, pid: i64, start_time: i64) -> rusqlite::Result<()> {
+    /// Records domain `id`'s VMM process as started; its state stays what
+    /// it was (creating, restarting) until its API has answered.
+    pub fn set_pid(&self, id: i64, pid: i64, start_time: i64) -> rusqlite::Result<()> {
         self.conn.execute(
-            "UPDATE domains SET pid = ?2, start_time = ?3, state = 'running' WHERE id = ?1",
+            "UPDATE domains SET pid = ?2, start_time = ?3 WHERE id = ?1",
             params![id, pid, start_time],
+        )?;
+        Ok(())
+    }
+
+    /// Marks domain `id` running once its VMM's API has answered; only from
+    /// creating or restarting (a destroy under way keeps its state).
+    pub fn set_running(&self, id: i64) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE domains SET state = 'running' WHERE id = ?1 AND state IN ('creating', 'restarting')",
+            [id],
         )?;
         Ok(())
     }
@@ -359,7 +371,12 @@ mod tests {
             assert_eq!(db.insert(&row("a")).unwrap(), 1);
             assert_eq!(db.insert(&row("b")).unwrap(), 2);
             assert!(db.insert(&row("a")).is_err(), "duplicate name");
-            db.set_running(1, 1234, 99).unwrap();
+            db.set_pid(1, 1234, 99).unwrap();
+            assert_eq!(db.get(1).unwrap().unwrap().state, State::Creating);
+            db.set_running(1).unwrap();
+            db.set_state(2, State::Destroying).unwrap();
+            db.set_running(2).unwrap();
+            assert_eq!(db.get(2).unwrap().unwrap().state, State::Destroying);
             db.set_config(1, &config("a2")).unwrap();
             assert!(
                 db.set_config(1, &config("b")).is_err(),

@@ -172,11 +172,11 @@ pub struct FakeTaps {
 
 impl Taps for FakeTaps {
     fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()> {
-        if bridge.is_some_and(|b| b != "br0") {
-            return Err(std::io::Error::other(format!(
-                "ip link set {name} master {}: no such bridge",
-                bridge.unwrap_or_default()
-            )));
+        if let Some(b) = bridge.filter(|b| *b != "br0") {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("there is no bridge '{b}' on this host (tap {name})"),
+            ));
         }
         let mut taps = self.taps.lock().unwrap();
         if taps.contains_key(name) {

@@ -96,6 +96,10 @@ pub enum Error {
     Invalid(String),
     #[error("domain {name}: {msg}")]
     Start { name: String, msg: String },
+    /// The VMM found the domain's configuration unusable (its exit status
+    /// 2): a missing kernel, a disk that is a directory, too little memory.
+    #[error("domain {name}: {msg}")]
+    Refused { name: String, msg: String },
     #[error("domain {name} is {state}")]
     WrongState { name: String, state: State },
     #[error("state database: {0}")]
@@ -110,7 +114,7 @@ impl Error {
     /// The HTTP status the API answers with.
     pub fn status(&self) -> u16 {
         match self {
-            Error::Config(_) | Error::Invalid(_) => 400,
+            Error::Config(_) | Error::Invalid(_) | Error::Refused { .. } => 400,
             Error::NoSuchDomain(_) => 404,
             Error::NameInUse(_)
             | Error::CidInUse { .. }
@@ -144,6 +148,9 @@ pub struct Daemon {
     stale_cgroups: Mutex<Vec<String>>,
     /// Wakes the monitor (see [`watch`]).
     waker: watch::Waker,
+    /// When each domain was restarted (by the restart policy), for its
+    /// rate limit; kept in memory only.
+    restart_log: Mutex<HashMap<i64, Vec<std::time::Instant>>>,
     host: HostOps,
 }
 
@@ -257,6 +264,7 @@ impl Daemon {
             lifecycle: Mutex::new(()),
             stale_cgroups: Mutex::new(Vec::new()),
             waker: watch::Waker::new()?,
+            restart_log: Mutex::new(HashMap::new()),
             host,
         });
         d.recover()?;

@@ -35,8 +35,10 @@ impl Daemon {
         }
         for r in rows {
             match r.state {
-                // A create the last daemon did not finish: undo it.
-                State::Creating => {
+                // A create the last daemon did not finish (its VMM's API had
+                // not answered): undo it. A destroy it did not finish:
+                // finish it.
+                State::Creating | State::Destroying => {
                     if let Some(pid) = r.pid {
                         if alive(pid, r.start_time) {
                             // SAFETY: kill(2) on a pid we started.
@@ -47,7 +49,11 @@ impl Daemon {
                     self.log_domain(
                         &r.name,
                         false,
-                        &format!("removed half-created domain {}", r.name),
+                        &if r.state == State::Creating {
+                            format!("removed half-created domain {}", r.name)
+                        } else {
+                            format!("finished destroying domain {}", r.name)
+                        },
                     );
                 }
                 State::Running if r.pid.is_some_and(|p| alive(p, r.start_time)) => {
@@ -85,6 +91,27 @@ impl Daemon {
                         &format!("domain {} ended while no daemon ran", r.name),
                     );
                     self.ended(&r, exit_file_status(&domain_dir(&self.state, r.id)))?;
+                }
+                // A restart the last daemon had not finished (or not begun):
+                // what it started goes, and the restart is made again.
+                State::Restarting => {
+                    if let Some(pid) = r.pid.filter(|p| alive(*p, r.start_time)) {
+                        // SAFETY: kill(2) on the VMM a daemon started for this
+                        // row (its start time matches).
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    }
+                    lock(&self.live).insert(
+                        r.id,
+                        Live {
+                            restart_at: Some(Instant::now()),
+                            ..Live::default()
+                        },
+                    );
+                    self.log_domain(
+                        &r.name,
+                        false,
+                        &format!("restarting domain {} (a restart was under way)", r.name),
+                    );
                 }
                 _ => {}
             }
@@ -259,7 +286,10 @@ impl Daemon {
         }
         for (i, v) in c.vifs.iter().enumerate() {
             let tap = self.tap_name(r.id, i);
-            self.host.taps.add(&tap, v.bridge.as_deref())?;
+            self.host
+                .taps
+                .add(&tap, v.bridge.as_deref())
+                .map_err(crate::network::tap_error)?;
             spec.nets.push(net_spec(tap, v, v.mac.clone()));
         }
         let spec_file = dir.join("vm.json");
@@ -303,15 +333,29 @@ impl Daemon {
         drop(procs);
         let pid = i64::from(child.id());
         let st = start_time(pid).unwrap_or(0);
-        lock(&self.db).set_running(r.id, pid, st)?;
+        // The row has the pid (a destroy or a new daemon finds the VMM by
+        // it) but says running only once the API has answered: a daemon
+        // killed before that undoes the start instead of adopting a VMM
+        // that may never come up.
+        lock(&self.db).set_pid(r.id, pid, st)?;
         // Wait for the API to answer (or the VMM to fail).
         let deadline = Instant::now() + Duration::from_secs(15);
         let info = loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(dir.join("vmm.log")).unwrap_or_default();
-                return Err(Error::Start {
-                    name: c.name.clone(),
-                    msg: format!("domus run exited ({status}): {}", log.trim()),
+                let (name, log) = (c.name.clone(), log.trim());
+                // 2: `domus run`'s status for input it refuses, which it
+                // explains in one line.
+                return Err(if status.code() == Some(2) {
+                    Error::Refused {
+                        name,
+                        msg: log.strip_prefix("domus: ").unwrap_or(log).to_string(),
+                    }
+                } else {
+                    Error::Start {
+                        name,
+                        msg: format!("domus run exited ({status}): {log}"),
+                    }
                 });
             }
             // Each vCPU thread registers as it starts: wait for all.
@@ -338,6 +382,7 @@ impl Daemon {
                 ..Live::default()
             },
         );
+        lock(&self.db).set_running(r.id)?;
         self.waker.wake();
         if c.memory_mib < c.maxmem_mib {
             let _ = VmmClient::new(&api).set_balloon(c.memory_mib);
@@ -363,6 +408,7 @@ impl Daemon {
                 self.waker.wake();
             }
         }
+        lock(&self.restart_log).remove(&r.id);
         // Its console log outlives it a minute, for a `console` still
         // reading it (crate::console).
         self.keep_console(r.id);

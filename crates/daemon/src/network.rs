@@ -26,7 +26,8 @@ fn ip(args: &[&str]) -> std::io::Result<()> {
 /// stand in for the host's network ([`IpTaps`] is the real one).
 pub trait Taps: Send + Sync {
     /// Makes tap `name`, on `bridge` when one is given, and sets it up; a
-    /// failure leaves no tap.
+    /// failure leaves no tap. A bridge that does not exist is an error of
+    /// kind `InvalidInput` (the user's, see [`tap_error`]).
     fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()>;
     /// Removes tap `name`.
     fn remove(&self, name: &str) -> std::io::Result<()>;
@@ -39,6 +40,15 @@ pub struct IpTaps;
 
 impl Taps for IpTaps {
     fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()> {
+        if let Some(br) = bridge {
+            let sys = std::path::Path::new("/sys/class/net").join(br);
+            if br.contains('/') || !sys.join("bridge").is_dir() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("there is no bridge '{br}' on this host"),
+                ));
+            }
+        }
         ip(&["tuntap", "add", "dev", name, "mode", "tap"])?;
         let set_up = || {
             if let Some(br) = bridge {
@@ -69,6 +79,16 @@ impl Taps for IpTaps {
             .unwrap_or_default();
         out.sort();
         out
+    }
+}
+
+/// A failure to make a tap as the API reports it: the user's (400) when it
+/// names a bridge that does not exist, the host's (500) otherwise.
+pub(crate) fn tap_error(e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::InvalidInput {
+        Error::Invalid(e.to_string())
+    } else {
+        Error::Io(e)
     }
 }
 
@@ -103,7 +123,10 @@ impl Daemon {
                 state: r.state,
             });
         }
-        self.host.taps.add(&tap, vif.bridge.as_deref())?;
+        self.host
+            .taps
+            .add(&tap, vif.bridge.as_deref())
+            .map_err(tap_error)?;
         let made = (|| -> Result<DeviceInfo> {
             let net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
             self.vmm(&r)?

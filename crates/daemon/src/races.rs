@@ -130,3 +130,113 @@ fn a_crashing_vmm_is_restarted_and_counted() {
     assert_nothing_left(&d, &state, &started.lock().unwrap());
     let _ = std::fs::remove_dir_all(state);
 }
+
+/// A second daemon on `state`, as after the first was killed.
+fn reopen(state: &std::path::Path, stand_in: StandIn) -> std::sync::Arc<Daemon> {
+    Daemon::open_with(state.to_path_buf(), "/bin/false".into(), 0, host(stand_in)).unwrap()
+}
+
+#[test]
+fn a_daemon_killed_mid_create_leaves_its_successor_nothing_to_adopt() {
+    // The stand-in's API answers only after 3 s: until then the row has
+    // the VMM's pid but must not say running.
+    let stand_in = StandIn::new(Duration::from_secs(3), None);
+    let started = stand_in.started.clone();
+    let (d, state) = daemon("midcreate", stand_in);
+    let dc = d.clone();
+    let create = std::thread::spawn(move || dc.create("c.cfg", "/", &config("half", ""), &[]));
+    let end = Instant::now() + Duration::from_secs(5);
+    while d.find("half").map_or(true, |r| r.pid.is_none()) {
+        assert!(Instant::now() < end, "the create never recorded its VMM");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(d.find("half").unwrap().state, State::Creating);
+    // The next daemon undoes the create instead of adopting its VMM.
+    let d2 = reopen(&state, StandIn::new(Duration::ZERO, None));
+    assert!(d2.find("half").is_err(), "adopted");
+    let log: Vec<String> = d2.dmesg().unwrap().into_iter().map(|l| l.msg).collect();
+    assert!(
+        log.iter().any(|l| l == "removed half-created domain half"),
+        "{log:?}"
+    );
+    assert!(create.join().unwrap().is_err(), "its VMM was killed");
+    assert_nothing_left(&d2, &state, &started.lock().unwrap());
+    let _ = std::fs::remove_dir_all(state);
+}
+
+#[test]
+fn a_restart_under_way_when_the_daemon_died_is_made_again() {
+    // Crashes (exit status 4) 200 ms after each start.
+    let crashing = || {
+        StandIn::new(
+            Duration::from_millis(10),
+            Some((Duration::from_millis(200), 4)),
+        )
+    };
+    let stand_in = crashing();
+    let started = stand_in.started.clone();
+    let (d, state) = daemon("midrestart", stand_in);
+    d.create("c.cfg", "/", &config("crashy", "on_crash = 'restart'"), &[])
+        .unwrap();
+    // The first daemon sees the crash and waits out its back-off (1 s),
+    // and is "killed" then: it restarts nothing more.
+    let end = Instant::now() + Duration::from_secs(5);
+    while d.find("crashy").unwrap().state != State::Restarting {
+        assert!(Instant::now() < end, "the crash was never seen");
+        d.monitor_once();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let next = crashing();
+    let started2 = next.started.clone();
+    let d2 = reopen(&state, next);
+    d2.monitor_once();
+    assert_eq!(started2.lock().unwrap().len(), 1, "restarted at once");
+    let r = d2.find("crashy").unwrap();
+    assert_eq!((r.state, r.restarts), (State::Running, 1));
+    d2.destroy("crashy").unwrap();
+    let all: Vec<_> = started
+        .lock()
+        .unwrap()
+        .iter()
+        .chain(started2.lock().unwrap().iter())
+        .copied()
+        .collect();
+    assert_nothing_left(&d2, &state, &all);
+    let _ = std::fs::remove_dir_all(state);
+}
+
+#[test]
+fn a_domain_restarted_too_often_is_left_crashed() {
+    let stand_in = StandIn::new(
+        Duration::from_millis(10),
+        Some((Duration::from_millis(200), 4)),
+    );
+    let started = stand_in.started.clone();
+    let (d, state) = daemon("loop", stand_in);
+    d.create("c.cfg", "/", &config("loopy", "on_crash = 'restart'"), &[])
+        .unwrap();
+    // As if it had been restarted the limit's worth of times just now.
+    let id = d.find("loopy").unwrap().id;
+    crate::lock(&d.restart_log).insert(id, vec![Instant::now(); crate::supervise::RESTART_LIMIT]);
+    let end = Instant::now() + Duration::from_secs(5);
+    while d.find("loopy").unwrap().state != State::Crashed {
+        assert!(Instant::now() < end, "not left crashed");
+        d.monitor_once();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log: Vec<String> = d.dmesg().unwrap().into_iter().map(|l| l.msg).collect();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("was restarted 10 times in 10 minutes: left crashed")),
+        "{log:?}"
+    );
+    assert_eq!(started.lock().unwrap().len(), 1, "restarted anyway");
+    assert_eq!(
+        d.used_mib(None).unwrap(),
+        0,
+        "a crashed domain holds no memory"
+    );
+    d.destroy("loopy").unwrap();
+    assert_nothing_left(&d, &state, &started.lock().unwrap());
+    let _ = std::fs::remove_dir_all(state);
+}

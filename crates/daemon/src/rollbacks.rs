@@ -77,7 +77,8 @@ fn an_interface_the_vmm_refuses_leaves_no_tap_and_no_vif() {
     // A bridge that does not exist: the same, before the VMM is asked.
     b.refuse_plug.store(false, Ordering::SeqCst);
     let e = b.d.network_attach("n", "bridge=nobr").unwrap_err();
-    assert!(e.to_string().contains("no such bridge"), "{e}");
+    assert!(e.to_string().contains("no bridge 'nobr'"), "{e}");
+    assert_eq!(e.status(), 400, "the user's mistake");
     assert!(b.taps().is_empty() && b.d.find("n").unwrap().config.vifs.is_empty());
     b.done();
 }
@@ -131,7 +132,8 @@ fn a_start_whose_tap_cannot_be_made_leaves_nothing() {
     let b = Bench::new("notap");
     let text = config("n", "vif = ['bridge=br0', 'bridge=nobr']");
     let e = b.d.create("n.cfg", "/", &text, &[]).unwrap_err();
-    assert!(e.to_string().contains("no such bridge"), "{e}");
+    assert!(e.to_string().contains("no bridge 'nobr'"), "{e}");
+    assert_eq!(e.status(), 400, "the user's mistake");
     assert!(b.d.find("n").is_err(), "the row stayed");
     assert!(b.taps().is_empty(), "the first tap stayed: {:?}", b.taps());
     assert_eq!(b.started.lock().unwrap().len(), 0, "a VMM was started");
@@ -237,4 +239,18 @@ fn a_vsock_cid_in_use_is_refused_before_anything_is_made() {
     b.d.create("b.cfg", "/", &config("b", "vsock = 'cid=10'"), &[])
         .unwrap();
     b.done();
+}
+
+#[test]
+fn a_configuration_the_vmm_refuses_is_a_400_and_leaves_nothing() {
+    // `domus run` exits with status 2 for input it refuses (a missing
+    // kernel, too little memory); the stand-in does so at once.
+    let stand_in = StandIn::new(Duration::from_secs(5), Some((Duration::from_millis(10), 2)));
+    let started = stand_in.started.clone();
+    let (d, state) = daemon("refused", crate::fakes::host(stand_in));
+    let e = d.create("r.cfg", "/", &config("r", ""), &[]).unwrap_err();
+    assert!(matches!(e, Error::Refused { .. }), "{e}");
+    assert_eq!(e.status(), 400);
+    assert_nothing_left(&d, &state, &started.lock().unwrap());
+    let _ = std::fs::remove_dir_all(state);
 }

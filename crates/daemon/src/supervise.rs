@@ -123,26 +123,42 @@ pub(crate) enum Next {
     Keep(State),
     /// Start it again once this long has passed (restart).
     Restart(Duration),
+    /// Restarted too often of late: keep it, crashed, for its
+    /// administrator.
+    GiveUp,
 }
+
+/// The window [`next`] counts recent restarts in.
+pub(crate) const RESTART_WINDOW: Duration = Duration::from_secs(600);
+/// Restarts in [`RESTART_WINDOW`] after which a domain is left crashed.
+pub(crate) const RESTART_LIMIT: usize = 10;
+/// Reboots in the window that restart at once; later ones back off.
+const FREE_REBOOTS: usize = 3;
 
 /// The restart policy: what becomes of a domain that ended as `end`, given
 /// its configuration's actions (on_poweroff, on_reboot, on_crash) and how
-/// often it has been restarted. A crash backs off 1 s per restart so far, at most
-/// 30 s, so a guest that crashes at once does not spin; a power-off or
-/// reboot restarts at once.
-pub(crate) fn next(end: End, actions: [Action; 3], restarts: i64) -> (Action, Next) {
+/// often it was restarted in the last [`RESTART_WINDOW`] (`recent`). A
+/// crash backs off 1 s more for each recent restart (at most 30 s), so a
+/// guest that crashes at once does not spin; the first few reboots and
+/// any power-off restart at once, later reboots back off the same way; and
+/// a domain restarted [`RESTART_LIMIT`] times in the window is left
+/// crashed for its administrator ([`Next::GiveUp`]).
+pub(crate) fn next(end: End, actions: [Action; 3], recent: usize) -> (Action, Next) {
     let [on_poweroff, on_reboot, on_crash] = actions;
     let act = match end {
         End::PoweredOff => on_poweroff,
         End::Rebooted => on_reboot,
         End::Crashed => on_crash,
     };
+    let back_off = Duration::from_secs((recent as u64 + 1).min(30));
     let next = match act {
         Action::Destroy => Next::Remove,
         Action::Preserve if end == End::Crashed => Next::Keep(State::Crashed),
         Action::Preserve => Next::Keep(State::Shutdown),
-        Action::Restart if end == End::Crashed => {
-            Next::Restart(Duration::from_secs((restarts.max(0) as u64 + 1).min(30)))
+        Action::Restart if recent >= RESTART_LIMIT => Next::GiveUp,
+        Action::Restart if end == End::Crashed => Next::Restart(back_off),
+        Action::Restart if end == End::Rebooted && recent >= FREE_REBOOTS => {
+            Next::Restart(back_off)
         }
         Action::Restart => Next::Restart(Duration::ZERO),
     };
@@ -157,7 +173,13 @@ impl Daemon {
         let requested = lock(&self.live).get(&r.id).and_then(|l| l.requested);
         let end = End::of(status.and_then(|s| s.code()), requested);
         let actions = [c.on_poweroff, c.on_reboot, c.on_crash];
-        let (act, next) = next(end, actions, r.restarts);
+        let recent = {
+            let mut log = lock(&self.restart_log);
+            let times = log.entry(r.id).or_default();
+            times.retain(|t| t.elapsed() < RESTART_WINDOW);
+            times.len()
+        };
+        let (act, next) = next(end, actions, recent);
         self.log_domain(
             &r.name,
             end == End::Crashed,
@@ -181,7 +203,25 @@ impl Daemon {
                 lock(&self.live).remove(&r.id);
                 Ok(())
             }
+            Next::GiveUp => {
+                self.log_domain(
+                    &r.name,
+                    true,
+                    &format!(
+                        "domain {} was restarted {recent} times in {} minutes: left crashed (destroy it, or fix and create it again)",
+                        r.name,
+                        RESTART_WINDOW.as_secs() / 60
+                    ),
+                );
+                lock(&self.db).set_state(r.id, State::Crashed)?;
+                lock(&self.live).remove(&r.id);
+                Ok(())
+            }
             Next::Restart(wait) => {
+                lock(&self.restart_log)
+                    .entry(r.id)
+                    .or_default()
+                    .push(Instant::now());
                 lock(&self.db).set_state(r.id, State::Restarting)?;
                 lock(&self.live).insert(
                     r.id,
@@ -381,21 +421,29 @@ mod tests {
     }
 
     #[test]
-    fn crashes_back_off_a_second_per_restart_up_to_30() {
+    fn restarts_back_off_and_a_loop_is_left_crashed() {
         let acts = [Action::Restart; 3];
-        let wait = |restarts| match next(End::Crashed, acts, restarts).1 {
+        let wait = |end, recent| match next(end, acts, recent).1 {
             Next::Restart(d) => d.as_secs(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(wait(0), 1);
-        assert_eq!(wait(4), 5);
-        assert_eq!(wait(29), 30);
-        assert_eq!(wait(1000), 30);
-        assert_eq!(wait(-3), 1, "a negative count from the database");
-        // Power-offs and reboots do not back off, however many there were.
-        for end in [End::PoweredOff, End::Rebooted] {
-            assert_eq!(next(end, acts, 1000).1, Next::Restart(Duration::ZERO));
+        assert_eq!(wait(End::Crashed, 0), 1);
+        assert_eq!(wait(End::Crashed, 4), 5);
+        // Power-offs do not back off; the first reboots neither.
+        assert_eq!(wait(End::PoweredOff, 9), 0);
+        assert_eq!(wait(End::Rebooted, 2), 0);
+        assert_eq!(wait(End::Rebooted, 3), 4);
+        // Restarted RESTART_LIMIT times of late: left crashed, however it
+        // ended, unless its action does not restart.
+        for end in [End::PoweredOff, End::Rebooted, End::Crashed] {
+            assert_eq!(
+                wait(end, RESTART_LIMIT - 1),
+                if end == End::PoweredOff { 0 } else { 10 }
+            );
+            assert_eq!(next(end, acts, RESTART_LIMIT).1, Next::GiveUp);
         }
+        let destroy = [Action::Destroy; 3];
+        assert_eq!(next(End::Crashed, destroy, 99).1, Next::Remove);
     }
 
     #[test]
