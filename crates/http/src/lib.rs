@@ -461,10 +461,21 @@ fn exchange<S: Read + Write>(
     }
     req.push_str("\r\n");
     req.push_str(body);
-    s.write_all(req.as_bytes())?;
+    // A server that refuses the request from its head (413: the body is
+    // too long) answers and closes before reading it all: the write then
+    // fails, and the answer, if it came, says why.
+    let written = s.write_all(req.as_bytes());
     let mut r = BufReader::new(s);
+    if let Err(e) = written {
+        return read_answer(&mut r).map_err(|_| HttpError::Io(e));
+    }
+    read_answer(&mut r)
+}
+
+/// Reads an answer's status and body.
+fn read_answer<R: Read>(r: &mut BufReader<R>) -> Result<(u16, String), HttpError> {
     let mut budget = MAX_HEAD;
-    let status_line = read_line(&mut r, &mut budget)?;
+    let status_line = read_line(r, &mut budget)?;
     let status: u16 = status_line
         .split(' ')
         .nth(1)
@@ -472,7 +483,7 @@ fn exchange<S: Read + Write>(
         .ok_or(HttpError::Malformed("bad status line"))?;
     let mut len = None;
     loop {
-        let h = read_line(&mut r, &mut budget)?;
+        let h = read_line(r, &mut budget)?;
         if h.is_empty() {
             break;
         }
@@ -595,6 +606,12 @@ mod tests {
         raw.read_to_string(&mut out).unwrap();
         assert!(out.starts_with("HTTP/1.1 400 "), "{out}");
         assert!(out.contains("\"error\""), "{out}");
+        // A body over the limit: the client gets the server's 413 even
+        // though the server stopped reading (and the write failed).
+        let big = "x".repeat(4 * MAX_BODY);
+        let (s, b) = request(&sock, "PUT", "/v1/a", Some(&big)).unwrap();
+        assert_eq!(s, 413, "{b}");
+        assert!(b.contains("too long"), "{b}");
         // A second server on a live socket is refused; a stale one is replaced.
         assert!(bind(&sock).is_err());
         let _ = std::fs::remove_dir_all(&dir);

@@ -26,6 +26,55 @@ impl Write for FdOut {
     }
 }
 
+/// How large a console file grows before it is rotated: at most this much
+/// of the newest output and this much before it (`PATH.1`) are kept, so a
+/// guest that prints forever cannot fill the host's disk.
+pub const CONSOLE_FILE_LIMIT: u64 = 16 << 20;
+
+/// A console file that is rotated at a size: when the next write would take
+/// it past `limit`, `PATH` becomes `PATH.1` (the older `PATH.1` is dropped)
+/// and a new `PATH` is started.
+struct RotatingFile {
+    path: std::path::PathBuf,
+    file: File,
+    written: u64,
+    limit: u64,
+}
+
+impl RotatingFile {
+    fn create(path: &std::path::Path, limit: u64) -> std::io::Result<Self> {
+        Ok(Self {
+            path: path.to_path_buf(),
+            file: File::create(path)?,
+            written: 0,
+            limit,
+        })
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&self.path, old)?;
+        self.file = File::create(&self.path)?;
+        self.written = 0;
+        Ok(())
+    }
+}
+
+impl Write for RotatingFile {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.written > 0 && self.written + b.len() as u64 > self.limit {
+            self.rotate()?;
+        }
+        let n = self.file.write(b)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 pub fn output(console: &Console) -> Result<Box<dyn Write + Send>> {
     Ok(match console {
         Console::Stdout => {
@@ -34,12 +83,12 @@ pub fn output(console: &Console) -> Result<Box<dyn Write + Send>> {
                 .map_err(|e| Error::Io("stdout", e))?;
             Box::new(FdOut(fd))
         }
-        Console::File(p) => Box::new(FdOut(File::create(p).map_err(|source| {
-            Error::ConsoleFile {
+        Console::File(p) => Box::new(RotatingFile::create(p, CONSOLE_FILE_LIMIT).map_err(
+            |source| Error::ConsoleFile {
                 path: p.display().to_string(),
                 source,
-            }
-        })?)),
+            },
+        )?),
         Console::None => Box::new(std::io::sink()),
     })
 }
@@ -139,4 +188,28 @@ pub fn spawn_input(
             }
         })
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_console_file_is_rotated_at_its_limit() {
+        let dir = std::env::temp_dir().join(format!("domus-console-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("console.log");
+        let mut f = RotatingFile::create(&path, 10).unwrap();
+        for chunk in [&b"aaaa"[..], b"bbbb", b"cccc", b"dddd", b"eeeeeeeeeeee"] {
+            f.write_all(chunk).unwrap();
+        }
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+        // The newest output whole (a write larger than the limit too), and
+        // the file before it; older output is gone.
+        assert_eq!(read(&path), "eeeeeeeeeeee");
+        assert_eq!(read(&dir.join("console.log.1")), "ccccdddd");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
