@@ -254,6 +254,7 @@ impl Daemon {
     ) -> Result<Arc<Self>> {
         std::fs::create_dir_all(state.join("domains"))?;
         let db = Db::open(&state.join("state.db"), &upgrade)?;
+        private(&state)?;
         let d = Arc::new(Self {
             tag: instance_tag(&state),
             state,
@@ -344,8 +345,27 @@ fn upgrade(l: &db::Legacy) -> std::result::Result<DomainConfig, String> {
     Ok(c)
 }
 
+/// Makes the state directory and the database the owner's alone (0700 and
+/// 0600): they hold every domain's configuration, console and sockets.
+/// Whatever the daemon makes later is too (`run` sets its umask).
+fn private(state: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o700))?;
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        match std::fs::set_permissions(state.join(f), std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Runs the daemon until it is killed: serves the API and monitors domains.
 pub fn run(state: PathBuf, reserve_mib: u64, tcp: Option<TcpApi>) -> Result<()> {
+    // What the daemon and the VMMs it starts make (logs, sockets, specs)
+    // is the owner's alone.
+    // SAFETY: umask(2) only sets the process's file-creation mask.
+    unsafe { libc::umask(0o077) };
     let domus = std::env::current_exe()?;
     std::fs::create_dir_all(&state)?;
     let listener = domus_http::bind(&socket_path(&state))

@@ -254,3 +254,13 @@ fn a_configuration_the_vmm_refuses_is_a_400_and_leaves_nothing() {
     assert_nothing_left(&d, &state, &started.lock().unwrap());
     let _ = std::fs::remove_dir_all(state);
 }
+
+#[test]
+fn the_state_directory_and_database_are_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let b = Bench::new("private");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&b.state), 0o700);
+    assert_eq!(mode(&b.state.join("state.db")), 0o600);
+    b.done();
+}
