@@ -59,15 +59,19 @@ impl TestVm {
         let child = self.command().spawn().expect("spawning domus run");
         let pid = child.id();
         let done = std::thread::spawn(move || supervise(child, |_| {}));
+        // The guest's whole budget, as for TestVm::run: past it the console
+        // reader's watchdog captures the VMM (a stall report) and kills it.
+        let budget = Duration::from_secs(GUEST_TIMEOUT_S.into());
+        let mut agent = Client::new(cid, AGENT_PORT);
+        agent.timeout = budget;
         let mut vm = Running {
             pid,
-            agent: Client::new(cid, AGENT_PORT),
+            agent,
             done: Some(done),
         };
         let booting = || vm.done.as_ref().is_some_and(|d| !d.is_finished());
-        if let Err(e) = vm.agent.wait(Duration::from_secs(120), booting) {
-            let run = vm.stop();
-            panic!("the guest agent never answered: {e}\n{run}");
+        if let Err(e) = vm.agent.wait(budget + Duration::from_secs(10), booting) {
+            vm.fail(&format!("the guest agent never answered: {e}"));
         }
         vm
     }
@@ -91,10 +95,7 @@ impl Running {
     pub(crate) fn run(&mut self, cmd: &str) -> Reply {
         match self.agent.run(cmd) {
             Ok(r) => r,
-            Err(e) => {
-                let run = self.stop();
-                panic!("`{cmd}` in the guest: {e}\n{run}")
-            }
+            Err(e) => self.fail(&format!("`{cmd}` in the guest: {e}")),
         }
     }
 
@@ -110,14 +111,32 @@ impl Running {
     /// Ends the agent, which powers the guest off, and returns the run.
     pub(crate) fn finish(mut self) -> Run {
         if let Err(e) = self.agent.exit() {
-            let run = self.stop();
-            panic!("ending the guest agent: {e}\n{run}");
+            self.fail(&format!("ending the guest agent: {e}"));
         }
         self.done
             .take()
             .expect("finished once")
             .join()
             .expect("the console reader")
+    }
+
+    /// Fails the test: the agent did not answer. A VMM still running is
+    /// captured first, as the watchdog does a guest that runs past its
+    /// time, so the message says whether the nested host stalled it
+    /// (`domus-test: platform stall:`, which tools/test runs again) or
+    /// Domus did.
+    #[track_caller]
+    fn fail(&mut self, what: &str) -> ! {
+        let running = self.done.as_ref().is_some_and(|d| !d.is_finished());
+        let report = if running {
+            let dir = std::env::temp_dir().join(format!("domus-test-stall-{}", self.pid));
+            let _ = std::fs::create_dir_all(&dir);
+            common::stall_report(self.pid, &dir, "")
+        } else {
+            String::new()
+        };
+        let run = self.stop();
+        panic!("{what}\n{report}\n{run}")
     }
 
     /// Kills the VMM and returns what it printed.
