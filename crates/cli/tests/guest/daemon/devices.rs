@@ -115,23 +115,30 @@ fn daemon_mem_set_shrinks_the_guest_and_the_vmm() {
     // use (resident in the VMM), not free, so free page reporting cannot
     // give it back; only the balloon taking it from the guest can.
     let img = image(&dir, "fill.img", 200);
-    let (cfg, guest) = agent_config(
+    let cmd = "cat /dev/vda > /dev/null; echo cached; \
+               while :; do echo memtotal=$(sed -n 's/MemTotal: *\\([0-9]*\\).*/\\1/p' /proc/meminfo); sleep 1; done";
+    let cfg = domain_config(
         &dir,
         "m",
         384,
+        &format!("domus.cmd={}", base64(cmd)),
         &format!("disk = ['{},raw,xvda,ro']", img.display()),
     );
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    let pid = find(&state, "m").expect("m is listed").pid.expect("m runs") as u64;
-    agent_ready(&guest);
-    guest_sh(&guest, "cat /dev/vda > /dev/null");
+    let d = find(&state, "m").expect("m is listed");
+    let (id, pid) = (d.id, d.pid.expect("m runs") as u64);
+    let console = state.join(format!("domains/{id}/console.log"));
+    assert!(wait_for_text(&console, "memtotal=", 1, 90));
     let memtotal = || -> u64 {
-        let kib = guest_sh(
-            &guest,
-            "sed -n 's/MemTotal: *\\([0-9]*\\).*/\\1/p' /proc/meminfo",
-        );
-        kib.parse::<u64>().unwrap() >> 10
+        std::fs::read_to_string(&console)
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .find_map(|l| l.trim().strip_prefix("memtotal="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            >> 10
     };
     let (total_before, rss_before) = (memtotal(), rss_mib(pid));
     assert!(
