@@ -3,6 +3,20 @@
 use crate::*;
 use domus_api::client::VmmClient;
 
+/// A raw disk image holding the helper; returns the `domus run` arguments
+/// and the guest command that copies it to /h (the disk must be vda).
+fn helper_disk(dir: &std::path::Path) -> (String, String) {
+    let bin = std::fs::read(guest_helper()).unwrap();
+    let img = dir.join("helper.img");
+    let mut padded = bin.clone();
+    padded.resize(bin.len().div_ceil(512) * 512, 0);
+    std::fs::write(&img, padded).unwrap();
+    (
+        format!("{},ro", img.display()),
+        format!("head -c {} /dev/vda > /h; chmod +x /h; ", bin.len()),
+    )
+}
+
 /// The helper receiving on the host's side; killed if the test fails before
 /// it has been waited for (a guest that never connects leaves it waiting).
 struct HostRecv(Option<std::process::Child>);
@@ -31,6 +45,11 @@ impl Drop for HostRecv {
             let _ = child.wait();
         }
     }
+}
+
+/// Guest shell that waits (up to about a minute) until `ip` answers a ping.
+fn until_reachable(ip: &str) -> String {
+    format!("for i in $(seq 60); do ping -c 1 -W 1 {ip} >/dev/null && break; done; ")
 }
 
 /// A word `key=value` from a stream report of `domus-guest`
@@ -75,6 +94,8 @@ fn report_of(vm: &mut agent::Running, file: &str, key: &str) -> String {
 
 #[test]
 fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
+    let dir = scratch("net");
+    let (helper, fetch) = helper_disk(&dir);
     let tag = std::process::id() % 100_000;
     let (br, ta, tb) = (
         format!("dbr{tag}"),
@@ -84,53 +105,49 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     let _bridge = Bridge::new(&br, "10.77.0.1/24", &[&ta, &tb]);
     // The host end of guest-to-host: the helper itself, on the bridge.
     let host_recv = HostRecv::new("tcp", 5001);
-    let a = std::thread::spawn(move || {
-        TestVm::agent()
-            .args(["--net".to_string(), format!("tap={ta}")])
-            .start()
-    });
-    let b = std::thread::spawn(move || {
-        TestVm::agent()
-            .args([
-                "--net".to_string(),
-                format!("tap={tb},mac=52:54:00:12:34:56"),
-            ])
-            .start()
-    });
-    let (mut a, mut b) = (a.join().unwrap(), b.join().unwrap());
-    net_up(&mut a, "10.77.0.2");
-    net_up(&mut b, "10.77.0.3");
-    reach(&mut a, "10.77.0.3");
-    reach(&mut b, "10.77.0.2");
-    assert_eq!(b.sh("cat /sys/class/net/eth0/address"), "52:54:00:12:34:56");
-    assert_eq!(
-        a.sh("ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from'"),
-        "3"
+    let up = "ip link set lo up; ip link set eth0 up; ip addr add ADDR/24 dev eth0; ";
+    // Each guest waits until it reaches the other (they boot side by side
+    // and either may be first) before it counts pings or sends.
+    let a_cmd = format!(
+        "{fetch}{}/h recv tcp 5000 > /tmp/r & {}ping -c 3 -W 5 10.77.0.3 | grep -c ' bytes from' | sed 's/^/pings=/'; wait; cat /tmp/r",
+        up.replace("ADDR", "10.77.0.2"),
+        until_reachable("10.77.0.3")
     );
-
-    // Guest to guest: 100 MiB, the checksum the same at both ends.
-    serve_in_background(&mut a, "recv tcp 5000", "/tmp/r");
-    let sent = b.sh("domus-guest send tcp 10.77.0.2 5000 100");
-    let got = report_of(&mut a, "/tmp/r", "recv_hash");
-    assert_eq!(field(&sent, "sent_bytes"), "104857600", "{sent}");
-    assert_eq!(field(&got, "recv_bytes"), "104857600", "{got}");
+    let b_cmd = format!(
+        "{fetch}{}{}sleep 2; /h send tcp 10.77.0.2 5000 100; /h send tcp 10.77.0.1 5001 10; cat /sys/class/net/eth0/address | sed 's/^/mac=/'",
+        up.replace("ADDR", "10.77.0.3"),
+        until_reachable("10.77.0.2")
+    );
+    let a = TestVm::new(&a_cmd)
+        .disk(&helper)
+        .args(["--net".to_string(), format!("tap={ta}")]);
+    let b = TestVm::new(&b_cmd).disk(&helper).args([
+        "--net".to_string(),
+        format!("tap={tb},mac=52:54:00:12:34:56"),
+    ]);
+    let a = std::thread::spawn(move || a.run());
+    let b = std::thread::spawn(move || b.run());
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_clean_poweroff(&a);
+    assert_clean_poweroff(&b);
+    let host_out = host_recv.output();
+    assert_eq!(value(&a, "pings"), 3, "{a}");
+    let sent = all_words(&b, "sent_hash");
+    let sent_bytes = all_words(&b, "sent_bytes");
+    assert_eq!(sent_bytes, ["104857600", "10485760"], "{b}");
+    assert_eq!(all_words(&a, "recv_bytes"), ["104857600"], "{a}");
     assert_eq!(
-        field(&got, "recv_hash"),
-        field(&sent, "sent_hash"),
+        all_words(&a, "recv_hash"),
+        [sent[0].clone()],
         "guest to guest"
     );
-
-    // Guest to host.
-    let sent = b.sh("domus-guest send tcp 10.77.0.1 5001 10");
-    let host_out = host_recv.output();
-    assert_eq!(field(&host_out, "recv_bytes"), "10485760", "{host_out}");
-    assert_eq!(
-        field(&host_out, "recv_hash"),
-        field(&sent, "sent_hash"),
-        "guest to host"
+    assert!(
+        host_out.contains(&format!("recv_hash={}", sent[1]))
+            && host_out.contains("recv_bytes=10485760"),
+        "guest to host: {host_out} vs {b}"
     );
-    assert_clean_poweroff(&a.finish());
-    assert_clean_poweroff(&b.finish());
+    assert_eq!(word(&b, "mac"), "52:54:00:12:34:56");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -215,4 +232,21 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
         "{mbs:.2} MB/s for a {limit:.2} MB/s limit"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The number printed as `key=value` by the guest command.
+fn value(run: &Run, key: &str) -> u64 {
+    word(run, key)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}= is not a number: {run}"))
+}
+
+/// Every value printed as `key=value` (several per line allowed).
+fn all_words(run: &Run, key: &str) -> Vec<String> {
+    let prefix = format!("{key}=");
+    run.stdout
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(&prefix).map(str::to_string))
+        .collect()
 }
