@@ -298,6 +298,11 @@ pub fn daemon(name: &str, host: HostOps) -> (Arc<Daemon>, std::path::PathBuf) {
     (d, state)
 }
 
+/// The daemon log's lines (`dmesg`), oldest first.
+pub fn log_lines(d: &Daemon) -> Vec<String> {
+    d.dmesg().unwrap().into_iter().map(|l| l.msg).collect()
+}
+
 /// `stand_in` and in-memory taps, without cgroups.
 pub fn host(stand_in: StandIn) -> HostOps {
     HostOps {

@@ -110,7 +110,7 @@ fn a_crashing_vmm_is_restarted_and_counted() {
         d.monitor_once();
         d.wait_for_change();
     }
-    let log: Vec<String> = d.dmesg().unwrap().into_iter().map(|l| l.msg).collect();
+    let log = crate::fakes::log_lines(&d);
     assert!(
         log.iter()
             .any(|l| l.contains("domain crashy crashed (exit status 4): restart")),
@@ -154,7 +154,7 @@ fn a_daemon_killed_mid_create_leaves_its_successor_nothing_to_adopt() {
     // The next daemon undoes the create instead of adopting its VMM.
     let d2 = reopen(&state, StandIn::new(Duration::ZERO, None));
     assert!(d2.find("half").is_err(), "adopted");
-    let log: Vec<String> = d2.dmesg().unwrap().into_iter().map(|l| l.msg).collect();
+    let log = crate::fakes::log_lines(&d2);
     assert!(
         log.iter().any(|l| l == "removed half-created domain half"),
         "{log:?}"
@@ -224,7 +224,7 @@ fn a_domain_restarted_too_often_is_left_crashed() {
         d.monitor_once();
         std::thread::sleep(Duration::from_millis(20));
     }
-    let log: Vec<String> = d.dmesg().unwrap().into_iter().map(|l| l.msg).collect();
+    let log = crate::fakes::log_lines(&d);
     assert!(
         log.iter()
             .any(|l| l.contains("was restarted 10 times in 10 minutes: left crashed")),

@@ -187,7 +187,7 @@ fn a_group_the_kernel_holds_on_to_is_removed_later() {
     b.groups.busy_removes.store(2, Ordering::SeqCst);
     b.d.destroy("n").unwrap();
     assert_eq!(b.groups.groups.lock().unwrap().len(), 1);
-    let log: Vec<String> = b.d.dmesg().unwrap().into_iter().map(|l| l.msg).collect();
+    let log = crate::fakes::log_lines(&b.d);
     assert!(
         log.iter().any(|l| l.contains("busy: removing it later")),
         "{log:?}"
