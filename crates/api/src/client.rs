@@ -56,8 +56,13 @@ impl ClientError {
 pub enum Endpoint {
     /// A Unix socket.
     Unix(PathBuf),
-    /// TCP at host:port, each request carrying the bearer token.
-    Tcp { addr: String, token: String },
+    /// TLS over TCP at host:port, the server verified by `verify`, each
+    /// request carrying the bearer token.
+    Tcp {
+        addr: String,
+        token: String,
+        verify: domus_http::tls::Verify,
+    },
 }
 
 impl std::fmt::Display for Endpoint {
@@ -84,8 +89,12 @@ impl Conn {
             Endpoint::Unix(sock) => {
                 domus_http::request_within(sock, method, path, body, self.timeout)
             }
-            Endpoint::Tcp { addr, token } => {
-                domus_http::tcp_request(addr, token, method, path, body, self.timeout)
+            Endpoint::Tcp {
+                addr,
+                token,
+                verify,
+            } => {
+                domus_http::tls::tls_request(addr, verify, token, method, path, body, self.timeout)
             }
         };
         let (status, text) = answer.map_err(|source| ClientError::Transport {

@@ -224,6 +224,14 @@ pub struct Info {
     pub cpus: usize,
     /// Whether domains get cgroups (weights, caps, memory.max).
     pub cgroups: bool,
+    /// The directories whose files domains may use (kernels, initrds,
+    /// disk images).
+    pub image_dirs: Vec<String>,
+    /// The block devices domains may use.
+    pub block_devices: Vec<String>,
+    /// The TCP API's TLS certificate fingerprint (`SHA256:..`), when the
+    /// daemon listens on TCP (null when it does not).
+    pub tls_fingerprint: Option<String>,
 }
 
 /// One line of `GET /v1/dmesg`, the daemon's log.

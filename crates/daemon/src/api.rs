@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn a_daemon_refuses_bad_requests_and_changes_nothing() {
         let state = std::env::temp_dir().join(format!("domus-d-{}", std::process::id()));
-        let d = Daemon::open(state.clone(), "/bin/false".into(), 0).unwrap();
+        let d = crate::fakes::on_this_host(&state);
         let req = |m: &str, p: &str, b: &str| Request {
             method: m.into(),
             path: p.into(),

@@ -45,11 +45,33 @@ pub fn token(path: &Path) -> Result<String> {
     }
 }
 
-/// Where the daemon also listens besides its Unix socket.
+/// Where the daemon also listens besides its Unix socket: TLS on TCP.
 pub struct TcpApi {
     /// host:port
     pub addr: String,
     pub token_file: PathBuf,
+    /// The certificate and key (PEM), made self-signed if neither exists.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The TCP API's certificate: loaded, or made on first start for the
+/// names a client may use (`localhost`, this host's name, the address it
+/// listens on).
+pub fn tls_identity(t: &TcpApi) -> Result<domus_http::tls::Identity> {
+    let mut names = vec!["localhost".to_string()];
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        names.push(h.trim().to_string());
+    }
+    let host = t.addr.rsplit_once(':').map_or(t.addr.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if !host.is_empty() && !matches!(host, "0.0.0.0" | "::") {
+        names.push(host.to_string());
+    }
+    names.retain(|n| !n.is_empty());
+    names.dedup();
+    domus_http::tls::load_or_make(&t.cert, &t.key, &names)
+        .map_err(|e| Error::Invalid(e.to_string()))
 }
 
 #[cfg(test)]

@@ -160,12 +160,47 @@ pub struct Cgroup2 {
 }
 
 impl Cgroup2 {
-    /// The host's tree, if it has cgroup v2 controllers.
-    pub fn host() -> Option<Self> {
-        let base = root();
-        base.join("cgroup.controllers")
-            .exists()
-            .then_some(Self { base })
+    /// The host's tree, if it is cgroup v2 with the controllers domains'
+    /// limits need; otherwise what is missing.
+    pub fn host() -> Result<Self, String> {
+        Self::at(root())
+    }
+
+    /// The tree mounted at `base`, as [`Cgroup2::host`].
+    pub fn at(base: PathBuf) -> Result<Self, String> {
+        let file = base.join("cgroup.controllers");
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            format!(
+                "no cgroup v2 at {} ({}: {e})",
+                base.display(),
+                file.display()
+            )
+        })?;
+        missing_controllers(&text).map_err(|m| {
+            format!(
+                "cgroup v2 at {} lacks the {} controller(s)",
+                base.display(),
+                m.join(", ")
+            )
+        })?;
+        Ok(Self { base })
+    }
+}
+
+/// The controllers domains need (weights and caps, CPU lists, memory.max).
+pub const CONTROLLERS: [&str; 3] = ["cpu", "cpuset", "memory"];
+
+/// Which of [`CONTROLLERS`] a `cgroup.controllers` text lacks.
+pub fn missing_controllers(text: &str) -> Result<(), Vec<&'static str>> {
+    let have: Vec<&str> = text.split_whitespace().collect();
+    let missing: Vec<&str> = CONTROLLERS
+        .into_iter()
+        .filter(|c| !have.contains(c))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing)
     }
 }
 
@@ -203,6 +238,30 @@ impl Groups for Cgroup2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_controllers_limits_need_are_named_when_missing() {
+        assert_eq!(
+            missing_controllers("cpuset cpu io memory hugetlb pids rdma misc"),
+            Ok(())
+        );
+        assert_eq!(
+            missing_controllers("io pids\n"),
+            Err(vec!["cpu", "cpuset", "memory"])
+        );
+        assert_eq!(missing_controllers("cpu memory"), Err(vec!["cpuset"]));
+        assert_eq!(missing_controllers(""), Err(CONTROLLERS.to_vec()));
+        let dir = std::env::temp_dir().join(format!("domus-cg-{}", std::process::id()));
+        let e = Cgroup2::at(dir.clone()).err().unwrap();
+        assert!(e.starts_with("no cgroup v2 at"), "{e}");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.controllers"), "cpu io pids\n").unwrap();
+        let e = Cgroup2::at(dir.clone()).err().unwrap();
+        assert!(e.ends_with("lacks the cpuset, memory controller(s)"), "{e}");
+        std::fs::write(dir.join("cgroup.controllers"), "cpuset cpu memory\n").unwrap();
+        assert!(Cgroup2::at(dir.clone()).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn weights_and_caps_map_onto_cgroup_values() {

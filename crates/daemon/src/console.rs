@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn an_ended_domains_log_is_read_to_its_end_by_id() {
         let state = std::env::temp_dir().join(format!("domus-ended-{}", std::process::id()));
-        let d = Daemon::open(state.clone(), "/bin/false".into(), 0).unwrap();
+        let d = crate::fakes::on_this_host(&state);
         let dir = domain_dir(&state, 5);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("console.log"), "bye\n").unwrap();

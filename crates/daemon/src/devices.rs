@@ -18,6 +18,8 @@ impl Daemon {
                 disk.path.display()
             )));
         }
+        self.files
+            .check(&format!("disk {}", disk.vdev), &disk.path)?;
         if let Some(d) = r.config.disks.iter().find(|d| d.vdev == disk.vdev) {
             return Err(Error::Invalid(format!(
                 "domain {} already has a disk {} ({})",

@@ -292,10 +292,32 @@ impl Groups for Arc<FakeGroups> {
 /// A daemon on a fresh state directory (named after `name`), acting on the
 /// host through `host`.
 pub fn daemon(name: &str, host: HostOps) -> (Arc<Daemon>, std::path::PathBuf) {
+    daemon_with(name, crate::Policy::any(), host)
+}
+
+/// [`daemon`] admitting domains by `policy`.
+pub fn daemon_with(
+    name: &str,
+    policy: crate::Policy,
+    host: HostOps,
+) -> (Arc<Daemon>, std::path::PathBuf) {
     let state = std::env::temp_dir().join(format!("domus-fake-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&state);
-    let d = Daemon::open_with(state.clone(), "/bin/false".into(), 0, host).unwrap();
+    let d = Daemon::open(state.clone(), "/bin/false".into(), policy, host).unwrap();
     (d, state)
+}
+
+/// A daemon on `state` that acts on this host (no cgroups) and admits any
+/// file: for tests that start no domain.
+pub fn on_this_host(state: &std::path::Path) -> Arc<Daemon> {
+    let host = HostOps::real(false).unwrap();
+    Daemon::open(
+        state.to_path_buf(),
+        "/bin/false".into(),
+        crate::Policy::any(),
+        host,
+    )
+    .unwrap()
 }
 
 /// The daemon log's lines (`dmesg`), oldest first.

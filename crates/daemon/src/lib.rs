@@ -36,8 +36,11 @@ mod lifecycle;
 mod network;
 #[cfg(test)]
 mod openapi_check;
+pub mod paths;
 #[cfg(test)]
 mod races;
+#[cfg(test)]
+mod refusals;
 mod resources;
 #[cfg(test)]
 mod rollbacks;
@@ -84,7 +87,7 @@ pub enum Error {
     CidInUse { cid: u64, name: String },
     #[error("no domain '{0}'")]
     NoSuchDomain(String),
-    #[error("not enough memory: the domain needs {need} MiB, {free} MiB of the host's {total} MiB are free ({used} MiB in domains, {reserve} MiB kept for the host)")]
+    #[error("not enough memory: the domain needs {need} MiB (its maxmem and its VMM's allowance: domains are admitted on the most they may hold), {free} MiB of the host's {total} MiB are free ({used} MiB in domains, {reserve} MiB kept for the host)")]
     NoMemory {
         need: u64,
         free: u64,
@@ -94,6 +97,14 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A host file the daemon does not serve to guests (see [`paths`]).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A limit this daemon cannot enforce: it runs with `--no-cgroups`.
+    #[error(
+        "{0} needs cgroups, and this daemon runs without them (--no-cgroups); nothing was changed"
+    )]
+    NoCgroups(String),
     #[error("domain {name}: {msg}")]
     Start { name: String, msg: String },
     /// The VMM found the domain's configuration unusable (its exit status
@@ -116,10 +127,12 @@ impl Error {
         match self {
             Error::Config(_) | Error::Invalid(_) | Error::Refused { .. } => 400,
             Error::NoSuchDomain(_) => 404,
+            Error::Forbidden(_) => 403,
             Error::NameInUse(_)
             | Error::CidInUse { .. }
             | Error::NoMemory { .. }
-            | Error::WrongState { .. } => 409,
+            | Error::WrongState { .. }
+            | Error::NoCgroups(_) => 409,
             _ => 500,
         }
     }
@@ -138,6 +151,10 @@ pub struct Daemon {
     pub tag: String,
     pub domus: PathBuf,
     pub reserve_mib: u64,
+    /// The host files domains may be given.
+    pub files: paths::Files,
+    /// The TCP API's certificate fingerprint, when it listens on TCP.
+    pub tls_fingerprint: std::sync::OnceLock<String>,
     db: Mutex<Db>,
     live: Mutex<HashMap<i64, Live>>,
     /// Serialises creates and destroys, so concurrent requests never see a
@@ -155,6 +172,40 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// The cgroups that enforce `what`; without them (`--no-cgroups`) the
+    /// request is refused rather than answered with a limit nothing holds.
+    fn enforcing(&self, what: &str) -> Result<&dyn Groups> {
+        self.host
+            .groups
+            .as_deref()
+            .ok_or_else(|| Error::NoCgroups(what.to_string()))
+    }
+
+    /// A configuration's limits, refused where nothing would enforce them.
+    fn check_limits(&self, c: &DomainConfig) -> Result<()> {
+        if self.host.groups.is_some() {
+            return Ok(());
+        }
+        let mut set = Vec::new();
+        if c.cpu_weight != domus_xlcfg::DEFAULT_CPU_WEIGHT {
+            set.push("cpu_weight");
+        }
+        if c.cap != 0 {
+            set.push("cap");
+        }
+        if c.cpus.is_some() {
+            set.push("cpus");
+        }
+        if set.is_empty() {
+            return Ok(());
+        }
+        Err(Error::NoCgroups(format!(
+            "domain {}'s {}",
+            c.name,
+            set.join(", ")
+        )))
+    }
+
     /// A domain's cgroup: named by the instance and the domain's id (cgroup
     /// v2 cannot rename groups, and domains can be renamed).
     fn cgroup_name(&self, id: i64) -> String {
@@ -219,15 +270,62 @@ pub struct HostOps {
 }
 
 impl HostOps {
-    /// The host's own: `domus run` processes, taps made with `ip`, cgroup
-    /// v2 under /sys/fs/cgroup if it has controllers.
-    pub fn real() -> Self {
-        Self {
+    /// The host's own: `domus run` processes, taps made with `ip`, and
+    /// (with `cgroups`) cgroup v2 under /sys/fs/cgroup, which must have the
+    /// controllers the limits need: a daemon never runs without them
+    /// unless told to (`--no-cgroups`).
+    pub fn real(cgroups: bool) -> Result<Self> {
+        let groups = if cgroups {
+            let g = Cgroup2::host().map_err(|e| {
+                Error::Invalid(format!(
+                    "{e}: domains could not be given CPU weights, caps, CPU lists or memory \
+                     limits; mount cgroup v2 with those controllers, or start the daemon with \
+                     --no-cgroups to run without any limits"
+                ))
+            })?;
+            Some(Box::new(g) as Box<dyn Groups>)
+        } else {
+            None
+        };
+        Ok(Self {
             launcher: Box::new(Exec),
             taps: Arc::new(IpTaps),
-            groups: Cgroup2::host().map(|g| Box::new(g) as Box<dyn Groups>),
+            groups,
+        })
+    }
+}
+
+/// What the daemon admits.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Memory kept for the host (MiB): domains together are admitted on
+    /// at most the host's memory minus this.
+    pub reserve_mib: u64,
+    /// The host files domains may be given.
+    pub files: paths::Files,
+}
+
+#[cfg(test)]
+impl Policy {
+    /// Tests of other concerns: no reserve, any file.
+    pub fn any() -> Self {
+        Self {
+            reserve_mib: 0,
+            files: paths::Files {
+                any: true,
+                ..paths::Files::new(Vec::new(), Vec::new())
+            },
         }
     }
+}
+
+/// How `domus daemon` runs: its options.
+pub struct Settings {
+    pub policy: Policy,
+    /// Also serve the API on TCP.
+    pub tcp: Option<TcpApi>,
+    /// Run without cgroups (no CPU or memory limits).
+    pub no_cgroups: bool,
 }
 
 /// Runs the command.
@@ -240,19 +338,17 @@ impl Launcher for Exec {
 }
 
 impl Daemon {
-    /// Opens the state and finds the domains a previous daemon left.
-    pub fn open(state: PathBuf, domus: PathBuf, reserve_mib: u64) -> Result<Arc<Self>> {
-        Self::open_with(state, domus, reserve_mib, HostOps::real())
-    }
-
-    /// [`Daemon::open`] with the way it acts on the host given.
-    pub fn open_with(
+    /// Opens the state and finds the domains a previous daemon left,
+    /// admitting domains by `policy` and acting on the host through `host`.
+    pub fn open(
         state: PathBuf,
         domus: PathBuf,
-        reserve_mib: u64,
+        policy: Policy,
         host: HostOps,
     ) -> Result<Arc<Self>> {
+        let Policy { reserve_mib, files } = policy;
         std::fs::create_dir_all(state.join("domains"))?;
+        std::fs::create_dir_all(state.join("images"))?;
         let db = Db::open(&state.join("state.db"), &upgrade)?;
         private(&state)?;
         let d = Arc::new(Self {
@@ -260,6 +356,8 @@ impl Daemon {
             state,
             domus,
             reserve_mib,
+            files,
+            tls_fingerprint: std::sync::OnceLock::new(),
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(()),
@@ -360,12 +458,23 @@ fn private(state: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The most TCP connections served at once.
+const TCP_CONNECTIONS: usize = 64;
+
 /// Runs the daemon until it is killed: serves the API and monitors domains.
-pub fn run(state: PathBuf, reserve_mib: u64, tcp: Option<TcpApi>) -> Result<()> {
+pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
+    let Settings {
+        policy,
+        tcp,
+        no_cgroups,
+    } = settings;
     // What the daemon and the VMMs it starts make (logs, sockets, specs)
     // is the owner's alone.
     // SAFETY: umask(2) only sets the process's file-creation mask.
     unsafe { libc::umask(0o077) };
+    // Before anything is bound or opened: a host that cannot enforce limits
+    // is refused at once (unless --no-cgroups).
+    let host = HostOps::real(!no_cgroups)?;
     let domus = std::env::current_exe()?;
     std::fs::create_dir_all(&state)?;
     let listener = domus_http::bind(&socket_path(&state))
@@ -373,48 +482,76 @@ pub fn run(state: PathBuf, reserve_mib: u64, tcp: Option<TcpApi>) -> Result<()> 
     let tcp = match tcp {
         Some(t) => {
             let token = token(&t.token_file)?;
+            let identity = auth::tls_identity(&t)?;
             let l = std::net::TcpListener::bind(&t.addr)
                 .map_err(|e| Error::Invalid(format!("listening on {}: {e}", t.addr)))?;
-            Some((l, token, t))
+            Some((l, token, identity, t))
         }
         None => None,
     };
-    let d = Daemon::open(state, domus, reserve_mib)?;
+    let d = Daemon::open(state, domus, policy, host)?;
+    let dirs: Vec<String> = d
+        .files
+        .image_dirs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     d.log(&format!(
-        "started (state {}, cgroups {})",
+        "started (state {}, images from {}, {} block devices served)",
         d.state.display(),
-        if d.host.groups.is_some() {
-            "on"
-        } else {
-            "unavailable"
-        }
+        dirs.join(", "),
+        d.files.block_devices.len()
     ));
+    if no_cgroups {
+        let msg = "running WITHOUT cgroups (--no-cgroups): domains get no CPU weights, caps, \
+                   CPU lists or memory limits, and requests that would set one are refused";
+        tracing::warn!("{msg}");
+        d.log(msg);
+    }
     let h = d.clone();
     domus_http::spawn_server(
         "domusd-api",
         listener,
         Arc::new(move |r| api::handle(&h, r)),
     )?;
-    if let Some((l, token, t)) = tcp {
+    if let Some((l, token, identity, t)) = tcp {
+        let _ = d.tls_fingerprint.set(identity.fingerprint.clone());
         d.log(&format!(
-            "listening on tcp {} (bearer token in {})",
+            "listening on tcp {} with TLS, certificate {} ({}{}), bearer token in {}",
             l.local_addr().map_or(t.addr.clone(), |a| a.to_string()),
+            t.cert.display(),
+            if identity.made { "made now, " } else { "" },
+            identity.fingerprint,
             t.token_file.display()
         ));
+        // Printed too, for whoever started the daemon to hand to clients.
+        eprintln!(
+            "domus daemon: TLS certificate fingerprint {} (clients: DOMUS_TLS_FINGERPRINT)",
+            identity.fingerprint
+        );
         let h = d.clone();
-        domus_http::spawn_tcp_server(
-            "domusd-tcp",
-            l,
-            Arc::new(move |r| {
-                if domus_http::bearer_ok(r, &token) {
-                    api::handle(&h, r)
-                } else {
+        // The token is checked as soon as the head is in (a client without
+        // it never gets its body read), each request has one deadline, and
+        // connections are capped, so unauthenticated clients cannot hold
+        // the daemon; the local socket has its own cap.
+        let policy = domus_http::Policy {
+            max_connections: TCP_CONNECTIONS,
+            gate: Some(Arc::new(move |r| {
+                (!domus_http::bearer_ok(r, &token)).then(|| {
                     domus_http::Response::error(
                         401,
                         "this API needs 'Authorization: Bearer TOKEN' (the daemon's token file)",
                     )
-                }
-            }),
+                })
+            })),
+            ..domus_http::Policy::default()
+        };
+        domus_http::tls::spawn_tls_server(
+            "domusd-tls",
+            l,
+            &identity,
+            policy,
+            Arc::new(move |r| api::handle(&h, r)),
         )?;
     }
     loop {

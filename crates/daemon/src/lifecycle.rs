@@ -13,6 +13,7 @@ use domus_api::spec::{ConsoleSpec, DiskSpec, NetSpec, VmSpec};
 use domus_api::vmm::RateLimit;
 use domus_api::vmm::{DeviceInfo, DomainState};
 
+use crate::cgroup::VMM_ALLOWANCE_MIB;
 use crate::host::{alive, host_memory_mib, start_time};
 use crate::supervise::{exit_file_status, Live, Request};
 use crate::watch;
@@ -119,23 +120,26 @@ impl Daemon {
         Ok(())
     }
 
-    /// Memory reserved by domains (all but `except`): each holds its
-    /// memory while it runs or waits to restart, and gives it back when it
-    /// is kept stopped (shutdown, crashed).
+    /// Memory reserved by domains (all but `except`): each holds the most
+    /// it may ever have (its maxmem, however far it is ballooned down, plus
+    /// the VMM's allowance) while it runs or waits to restart, and gives it
+    /// back when it is kept stopped (shutdown, crashed).
     pub(crate) fn used_mib(&self, except: Option<i64>) -> Result<u64> {
         let rows = lock(&self.db).all()?;
         Ok(reserved_mib(
             rows.iter()
                 .filter(|r| Some(r.id) != except)
-                .map(|r| (r.state, r.memory_mib)),
+                .map(|r| (r.state, r.config.maxmem_mib)),
         ))
     }
 
-    /// Admission control: whether `need` MiB fit beside the domains (all
-    /// but `except`) and the host's reserve.
-    pub(crate) fn admit(&self, need: u64, except: Option<i64>) -> Result<()> {
+    /// Admission control: whether a domain that may grow to `maxmem` MiB
+    /// fits beside the domains (all but `except`) and the host's reserve.
+    /// Nothing is overcommitted: a ballooned-down domain still holds its
+    /// maxmem, so any domain can balloon up to its maximum at any time.
+    pub(crate) fn admit(&self, maxmem: u64, except: Option<i64>) -> Result<()> {
         admit(
-            need,
+            footprint_mib(maxmem),
             host_memory_mib(),
             self.used_mib(except)?,
             self.reserve_mib,
@@ -160,6 +164,9 @@ impl Daemon {
         let mut loaded = domus_xlcfg::load(file, text, overrides)?;
         loaded.config.make_absolute(Path::new(dir));
         let c = &loaded.config;
+        // Refused before anything is reserved or started.
+        self.files.check_config(c)?;
+        self.check_limits(c)?;
         // The name check, admission and the row (which reserves the name and
         // the memory) happen under the lifecycle lock; starting the VMM does
         // not, so creates run side by side.
@@ -176,7 +183,7 @@ impl Daemon {
                 });
             }
         }
-        self.admit(c.memory_mib, None)?;
+        self.admit(c.maxmem_mib, None)?;
         let row = db::Row {
             id: 0,
             name: c.name.clone(),
@@ -258,6 +265,9 @@ impl Daemon {
     /// answers.
     pub(crate) fn start(&self, r: &db::Row) -> Result<()> {
         let c = &r.config;
+        // Again at every (re)start: a file may have been replaced by a link
+        // since the domain was created.
+        self.files.check_config(c)?;
         let dir = domain_dir(&self.state, r.id);
         std::fs::create_dir_all(&dir)?;
         let api = dir.join("api.sock");
@@ -535,12 +545,18 @@ pub(crate) fn net_spec(tap: String, v: &domus_xlcfg::Vif, mac: Option<String>) -
     }
 }
 
-/// What domains in these (state, memory) pairs hold of the host's memory.
-fn reserved_mib(domains: impl Iterator<Item = (State, i64)>) -> u64 {
+/// What a domain of at most `maxmem` MiB holds of the host's memory: its
+/// guest's RAM and its VMM's own (the allowance its cgroup is given too).
+fn footprint_mib(maxmem: u64) -> u64 {
+    maxmem.saturating_add(VMM_ALLOWANCE_MIB)
+}
+
+/// What domains in these (state, maxmem) pairs hold of the host's memory.
+fn reserved_mib(domains: impl Iterator<Item = (State, u64)>) -> u64 {
     domains
         .filter(|(state, _)| !matches!(state, State::Shutdown | State::Crashed))
-        .map(|(_, mib)| mib.max(0) as u64)
-        .sum()
+        .map(|(_, maxmem)| footprint_mib(maxmem))
+        .fold(0, u64::saturating_add)
 }
 
 /// Whether `need` MiB fit in a host of `total` MiB of which domains hold
@@ -571,9 +587,16 @@ mod tests {
             (State::Creating, 128),
             (State::Shutdown, 1024),
             (State::Crashed, 2048),
-            (State::Running, -5),
         ];
-        assert_eq!(reserved_mib(ds.into_iter()), 512 + 256 + 128);
+        let vmm = VMM_ALLOWANCE_MIB;
+        assert_eq!(
+            reserved_mib(ds.into_iter()),
+            (512 + vmm) + (256 + vmm) + (128 + vmm)
+        );
+        assert_eq!(
+            reserved_mib([(State::Running, u64::MAX)].into_iter()),
+            u64::MAX
+        );
     }
 
     #[test]

@@ -62,8 +62,15 @@ fn the_answers_match_their_schemas() {
         free_memory_mib: 3328,
         cpus: 2,
         cgroups: true,
+        image_dirs: vec!["/var/lib/domus/images".into()],
+        block_devices: Vec::new(),
+        tls_fingerprint: Some("SHA256:00".into()),
     };
-    check("Info", &[sample(&info)]);
+    let local = Info {
+        tls_fingerprint: None,
+        ..info.clone()
+    };
+    check("Info", &[sample(&info), sample(&local)]);
     let line = LogLine {
         at: 1.5,
         msg: "started".into(),

@@ -133,7 +133,13 @@ fn a_crashing_vmm_is_restarted_and_counted() {
 
 /// A second daemon on `state`, as after the first was killed.
 fn reopen(state: &std::path::Path, stand_in: StandIn) -> std::sync::Arc<Daemon> {
-    Daemon::open_with(state.to_path_buf(), "/bin/false".into(), 0, host(stand_in)).unwrap()
+    Daemon::open(
+        state.to_path_buf(),
+        "/bin/false".into(),
+        crate::Policy::any(),
+        host(stand_in),
+    )
+    .unwrap()
 }
 
 #[test]

@@ -9,7 +9,8 @@ use crate::{cgroup, limits, lock, vmm_error, Daemon, Error, Result};
 
 impl Daemon {
     /// mem-set: the memory the guest keeps (its balloon's target), within
-    /// 64 MiB and maxmem, admitted against the host's free memory.
+    /// 64 MiB and maxmem. The domain was admitted on its maxmem, so any
+    /// target up to it is already reserved.
     pub fn mem_set(&self, dom: &str, mib: u64) -> Result<BalloonInfo> {
         let r = self.find(dom)?;
         let c = &r.config;
@@ -18,9 +19,6 @@ impl Daemon {
                 "{mib} MiB is outside 64 MiB to maxmem ({} MiB)",
                 c.maxmem_mib
             )));
-        }
-        if mib > r.memory_mib as u64 {
-            self.admit(mib, Some(r.id))?;
         }
         let b = self.vmm(&r)?.set_balloon(mib).map_err(vmm_error(&r))?;
         lock(&self.db).set_memory(r.id, mib as i64)?;
@@ -33,6 +31,7 @@ impl Daemon {
     /// maximum above it takes effect at the domain's next start.
     pub fn mem_max(&self, dom: &str, mib: u64) -> Result<Maxmem> {
         let r = self.find(dom)?;
+        let groups = self.enforcing("mem-max (the domain's memory.max)")?;
         let mut c = r.config.clone();
         if mib < 64 || mib > host_memory_mib() {
             return Err(Error::Invalid(format!(
@@ -50,16 +49,21 @@ impl Daemon {
             State::Running => Some(self.vmm(&r)?.domain().map_err(vmm_error(&r))?.memory_mib),
             _ => None,
         };
-        c.maxmem_mib = mib;
-        if let Some(groups) = &self.host.groups {
-            groups.update(
-                &self.cgroup_name(r.id),
-                &cgroup::Limits {
-                    maxmem_mib: ram.map_or(mib, |ram| ram.min(mib)),
-                    ..limits(&c)
-                },
-            )?;
+        // A domain holding memory (not kept stopped) holds its maxmem: a
+        // raise is admitted as a create is, under the same lock, and kept
+        // before another admission can count without it.
+        let _admission = lock(&self.lifecycle);
+        if mib > c.maxmem_mib && !matches!(r.state, State::Shutdown | State::Crashed) {
+            self.admit(mib, Some(r.id))?;
         }
+        c.maxmem_mib = mib;
+        groups.update(
+            &self.cgroup_name(r.id),
+            &cgroup::Limits {
+                maxmem_mib: ram.map_or(mib, |ram| ram.min(mib)),
+                ..limits(&c)
+            },
+        )?;
         self.update_config(r.id, |c| {
             c.maxmem_mib = mib;
             Ok(())
@@ -78,6 +82,7 @@ impl Daemon {
     /// its cgroup at once, kept for restarts).
     pub fn sched(&self, dom: &str, weight: Option<u32>, cap: Option<u32>) -> Result<Sched> {
         let r = self.find(dom)?;
+        let groups = self.enforcing("sched-credit (the domain's CPU weight and cap)")?;
         if let Some(w) = weight {
             if !(1..=65535).contains(&w) {
                 return Err(Error::Invalid(format!("weight {w} is not 1 to 65535")));
@@ -98,9 +103,7 @@ impl Daemon {
                 c.cap = cp;
             }
             // Kept only once enforced.
-            if let Some(groups) = &self.host.groups {
-                groups.update(&self.cgroup_name(r.id), &limits(c))?;
-            }
+            groups.update(&self.cgroup_name(r.id), &limits(c))?;
             Ok(())
         })?;
         Ok(Sched {

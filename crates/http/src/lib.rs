@@ -1,24 +1,32 @@
 //! A small HTTP/1.1 server and client over Unix sockets (and TCP, for a
 //! daemon that also listens on the network), enough for the Domus REST
 //! APIs: one request per connection (`Connection: close`),
-//! `Content-Length` bodies only, hard limits on every size, and a read
-//! timeout so a silent client cannot hold a connection thread forever.
+//! `Content-Length` bodies only, hard limits on every size, and (in
+//! `server`) one deadline per request and a cap on connections, so slow
+//! or idle clients cannot hold the server's threads.
 //!
 //! Every byte a client sends is untrusted: the parser never panics and
 //! answers anything it does not accept with a 4xx.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
+
+mod server;
+pub mod tls;
+pub use server::{
+    accept_loop, serve_connection, spawn_server, spawn_server_with, Conn, Gate, Handler, Listen,
+    Policy,
+};
 
 /// The longest request line plus headers accepted.
 pub const MAX_HEAD: usize = 16 << 10;
 /// The largest request or response body accepted.
 pub const MAX_BODY: usize = 1 << 20;
-/// How long a client may take to send its request.
+/// How long a client may take to send its whole request (the default
+/// [`Policy::deadline`]).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +39,8 @@ pub enum HttpError {
     BodyTooLong,
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,6 +160,14 @@ fn read_line(r: &mut impl BufRead, budget: &mut usize) -> Result<String, HttpErr
 
 /// Reads and parses one request.
 pub fn read_request(r: &mut impl BufRead) -> Result<Request, HttpError> {
+    let mut req = read_head(r)?;
+    read_body(r, &mut req)?;
+    Ok(req)
+}
+
+/// Reads a request's line and headers (its body is left unread, so a
+/// server can refuse the request before it takes the body in).
+pub fn read_head(r: &mut impl BufRead) -> Result<Request, HttpError> {
     let mut budget = MAX_HEAD;
     let line = read_line(r, &mut budget)?;
     let mut parts = line.split(' ');
@@ -188,7 +206,7 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, HttpError> {
         }
         headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
     }
-    let mut req = Request {
+    let req = Request {
         method: method.to_string(),
         path,
         query,
@@ -198,6 +216,11 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, HttpError> {
     if req.header("transfer-encoding").is_some() {
         return Err(HttpError::Malformed("chunked bodies are not supported"));
     }
+    Ok(req)
+}
+
+/// Reads the body [`read_head`]'s `req` announces.
+pub fn read_body(r: &mut impl BufRead, req: &mut Request) -> Result<(), HttpError> {
     if let Some(len) = req.header("content-length") {
         let len: usize = len
             .parse()
@@ -209,7 +232,7 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, HttpError> {
         r.read_exact(&mut body)?;
         req.body = body;
     }
-    Ok(req)
+    Ok(())
 }
 
 pub fn write_response(w: &mut impl Write, resp: &Response) -> std::io::Result<()> {
@@ -232,55 +255,6 @@ pub fn write_response(w: &mut impl Write, resp: &Response) -> std::io::Result<()
     }
     w.write_all(&bytes)?;
     w.flush()
-}
-
-/// A stream a request comes in on: a Unix or a TCP socket.
-pub trait Conn: Read + Write + Sized + Send + 'static {
-    fn duplicate(&self) -> std::io::Result<Self>;
-    fn set_timeouts(&self, t: Duration) -> std::io::Result<()>;
-}
-
-/// The std socket streams have the same inherent methods, but no trait
-/// that names them.
-macro_rules! conn_for {
-    ($($stream:ty),*) => {$(
-        impl Conn for $stream {
-            fn duplicate(&self) -> std::io::Result<Self> {
-                self.try_clone()
-            }
-            fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
-                self.set_read_timeout(Some(t))?;
-                self.set_write_timeout(Some(t))
-            }
-        }
-    )*};
-}
-conn_for!(UnixStream, TcpStream);
-
-/// Serves one connection: reads a request, answers it, closes.
-pub fn serve_connection<C: Conn>(stream: C, handler: &dyn Fn(&Request) -> Response) {
-    let _ = stream.set_timeouts(READ_TIMEOUT);
-    let mut reader = BufReader::new(match stream.duplicate() {
-        Ok(s) => s,
-        Err(_) => return,
-    });
-    let resp = match read_request(&mut reader) {
-        Ok(req) => handler(&req),
-        Err(HttpError::HeadTooLong) => Response::error(431, "request head too long"),
-        Err(HttpError::BodyTooLong) => Response::error(413, "request body too long"),
-        Err(HttpError::Io(e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
-            Response::error(408, "request not received in time")
-        }
-        Err(HttpError::Io(_)) => return,
-        Err(e) => Response::error(400, &e.to_string()),
-    };
-    let mut w = stream;
-    let _ = write_response(&mut w, &resp);
 }
 
 /// Finds `method path` in a route table of (method, template) pairs, where
@@ -347,46 +321,6 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
-/// Serves `listener` on a thread of its own, one short-lived thread per
-/// connection.
-pub fn spawn_server(
-    name: &str,
-    listener: UnixListener,
-    handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    accept_loop(name, move || listener.accept().map(|(s, _)| s), handler)
-}
-
-/// [`spawn_server`] on a TCP listener.
-pub fn spawn_tcp_server(
-    name: &str,
-    listener: TcpListener,
-    handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    accept_loop(name, move || listener.accept().map(|(s, _)| s), handler)
-}
-
-fn accept_loop<C: Conn>(
-    name: &str,
-    mut accept: impl FnMut() -> std::io::Result<C> + Send + 'static,
-    handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name.to_string())
-        .stack_size(256 << 10)
-        .spawn(move || loop {
-            let Ok(stream) = accept() else { continue };
-            let h = handler.clone();
-            let spawned = std::thread::Builder::new()
-                .name("api-conn".into())
-                .stack_size(256 << 10)
-                .spawn(move || serve_connection(stream, &*h));
-            if spawned.is_err() {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        })
-}
-
 /// Whether `req` carries `Authorization: Bearer TOKEN` with this token
 /// (compared in constant time).
 pub fn bearer_ok(req: &Request, token: &str) -> bool {
@@ -421,7 +355,8 @@ pub fn request_within(
     timeout: Duration,
 ) -> Result<(u16, String), HttpError> {
     let s = UnixStream::connect(socket)?;
-    s.set_timeouts(timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
     exchange(s, method, path, body, None)
 }
 
@@ -435,9 +370,15 @@ pub fn tcp_request(
     body: Option<&str>,
     timeout: Duration,
 ) -> Result<(u16, String), HttpError> {
+    exchange(connect_tcp(addr, timeout)?, method, path, body, Some(token))
+}
+
+/// A TCP connection to `addr` whose reads and writes wait `timeout` at most.
+fn connect_tcp(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
     let s = TcpStream::connect(addr)?;
-    s.set_timeouts(timeout)?;
-    exchange(s, method, path, body, Some(token))
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok(s)
 }
 
 /// Writes one request on `s` and reads the answer.
@@ -511,6 +452,8 @@ fn read_answer<R: Read>(r: &mut BufReader<R>) -> Result<(u16, String), HttpError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
+    use std::sync::Arc;
 
     fn parse(s: &[u8]) -> Result<Request, HttpError> {
         read_request(&mut BufReader::new(s))
@@ -628,7 +571,7 @@ mod tests {
                 Response::error(401, "bad token")
             }
         });
-        spawn_tcp_server("test-tcp", l, h).unwrap();
+        spawn_server_with("test-tcp", l, Policy::default(), h).unwrap();
         let t = Duration::from_secs(5);
         assert_eq!(
             tcp_request(&addr, "s3cret", "GET", "/", None, t).unwrap().0,

@@ -40,6 +40,9 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
+/// Xen's credit scheduler weight when none is given.
+pub const DEFAULT_CPU_WEIGHT: u32 = 256;
+
 const KNOWN: &[&str] = &[
     "name",
     "memory",
@@ -364,7 +367,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
     };
     let cpu_weight = match get("cpu_weight") {
         Some(s) => int(&s, 1, 65535).map_err(|m| invalid(&s, m))? as u32,
-        None => 256,
+        None => DEFAULT_CPU_WEIGHT,
     };
     let cap = match get("cap") {
         Some(s) => int(&s, 0, 100 * 255).map_err(|m| invalid(&s, m))? as u32,

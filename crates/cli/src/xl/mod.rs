@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use domus_api::client::{ClientError, DaemonClient, Endpoint};
 use domus_api::daemon::{CreateRequest, State};
+use domus_http::tls::Verify;
 
 pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
@@ -27,8 +28,9 @@ pub struct StateArg {
 
 impl StateArg {
     /// The daemon's typed client: on its Unix socket in the state
-    /// directory, or on TCP when DOMUS_DAEMON_TCP (host:port) is set, with
-    /// the bearer token from DOMUS_TOKEN or the file DOMUS_TOKEN_FILE.
+    /// directory, or over TLS when DOMUS_DAEMON_TCP (host:port) is set, the
+    /// daemon's certificate checked by DOMUS_TLS_FINGERPRINT or DOMUS_TLS_CA,
+    /// with the bearer token from DOMUS_TOKEN or the file DOMUS_TOKEN_FILE.
     fn client(&self) -> Result<DaemonClient, String> {
         let at = match std::env::var("DOMUS_DAEMON_TCP") {
             Ok(addr) => {
@@ -45,7 +47,24 @@ impl StateArg {
                         return Err("DOMUS_DAEMON_TCP needs DOMUS_TOKEN or DOMUS_TOKEN_FILE".into())
                     }
                 };
-                Endpoint::Tcp { addr, token }
+                let verify = match (
+                    std::env::var("DOMUS_TLS_FINGERPRINT"),
+                    std::env::var_os("DOMUS_TLS_CA"),
+                ) {
+                    (Ok(fp), _) => Verify::Fingerprint(fp),
+                    (_, Some(ca)) => Verify::CaFile(ca.into()),
+                    _ => {
+                        return Err("DOMUS_DAEMON_TCP needs the daemon's certificate to check: \
+                             DOMUS_TLS_FINGERPRINT (`domus info` on the daemon's host shows it) \
+                             or DOMUS_TLS_CA (a CA file)"
+                            .into())
+                    }
+                };
+                Endpoint::Tcp {
+                    addr,
+                    token,
+                    verify,
+                }
             }
             Err(_) => Endpoint::Unix(domus_daemon::socket_path(&domus_daemon::state_dir(
                 self.state_dir.clone(),
@@ -63,14 +82,38 @@ pub struct DaemonArgs {
     /// memory minus this (MiB).
     #[arg(long, value_name = "MIB", default_value_t = 512)]
     pub host_reserve: u64,
-    /// Also serve the API on TCP at this host:port (requests need
+    /// A directory whose files (kernels, initrds, disk images) domains may
+    /// use; repeat for more. Any other file is refused (403). Default:
+    /// STATE_DIR/images and the guest kit's directory.
+    #[arg(long, value_name = "DIR")]
+    pub image_dir: Vec<PathBuf>,
+    /// A block device domains may use as a disk; repeat for more. No block
+    /// device is served unless listed.
+    #[arg(long, value_name = "PATH")]
+    pub block_device: Vec<PathBuf>,
+    /// Run without cgroups: domains get no CPU weights, caps, CPU lists or
+    /// memory limits, and requests that set one are refused. Without this
+    /// the daemon refuses to start on a host lacking cgroup v2 with the
+    /// cpu, cpuset and memory controllers.
+    #[arg(long)]
+    pub no_cgroups: bool,
+    /// Also serve the API over TLS on TCP at this host:port (requests need
     /// `Authorization: Bearer TOKEN`; the CLI reaches it through
-    /// DOMUS_DAEMON_TCP and DOMUS_TOKEN_FILE or DOMUS_TOKEN).
+    /// DOMUS_DAEMON_TCP, DOMUS_TLS_FINGERPRINT or DOMUS_TLS_CA, and
+    /// DOMUS_TOKEN_FILE or DOMUS_TOKEN).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen_tcp: Option<String>,
     /// The bearer token's file (made, mode 0600, if missing) [default: STATE_DIR/token]
     #[arg(long, value_name = "PATH", requires = "listen_tcp")]
     pub token_file: Option<PathBuf>,
+    /// The TLS certificate (PEM) [default: STATE_DIR/tls/cert.pem; a
+    /// self-signed one is made with its key on first start]
+    #[arg(long, value_name = "PATH", requires = "listen_tcp")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM, mode 0600) [default:
+    /// STATE_DIR/tls/key.pem]
+    #[arg(long, value_name = "PATH", requires = "listen_tcp")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -160,8 +203,23 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
     let tcp = a.listen_tcp.map(|addr| domus_daemon::TcpApi {
         addr,
         token_file: a.token_file.unwrap_or_else(|| state.join("token")),
+        cert: a.tls_cert.unwrap_or_else(|| state.join("tls/cert.pem")),
+        key: a.tls_key.unwrap_or_else(|| state.join("tls/key.pem")),
     });
-    match domus_daemon::run(state, a.host_reserve, tcp) {
+    let image_dirs = if a.image_dir.is_empty() {
+        vec![state.join("images"), domus_kit::default_dir()]
+    } else {
+        a.image_dir
+    };
+    let settings = domus_daemon::Settings {
+        policy: domus_daemon::Policy {
+            reserve_mib: a.host_reserve,
+            files: domus_daemon::paths::Files::new(image_dirs, a.block_device),
+        },
+        tcp,
+        no_cgroups: a.no_cgroups,
+    };
+    match domus_daemon::run(state, settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }

@@ -21,10 +21,10 @@ pub(crate) fn agent_initrd() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let helper = std::fs::read(guest_helper()).unwrap();
-        let out = std::env::temp_dir().join(format!(
-            "domus-test-{}-agent-initramfs.cpio",
-            std::process::id()
-        ));
+        // In a directory of its own, which daemons under test serve.
+        let dir = std::env::temp_dir().join(format!("domus-test-{}-agent", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("initramfs.cpio");
         domus_kit::extend_initrd(&kit().initrd, &[("bin/domus-guest", 0o755, &helper)], &out)
             .unwrap();
         out

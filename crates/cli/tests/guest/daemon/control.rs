@@ -51,8 +51,8 @@ fn daemon_memory_and_cpu_settings_reach_cgroup_vcpu_list_top_and_metrics() {
     assert!(!ok && err.contains("maxmem"), "{err}");
     assert_eq!(
         info(&state).domain_memory_mib,
-        192 + 160,
-        "mem-set calm to 160"
+        2 * (256 + 64),
+        "each domain holds its maxmem and its VMM's allowance, whatever mem-set says"
     );
     assert_eq!(find(&state, "calm").unwrap().memory_mib, 160);
 

@@ -39,6 +39,12 @@ fn daemon_hot_plugs_disks_and_interfaces() {
     assert!(out.contains("vda") && out.contains("ro"), "{out}");
     let (ok, _, err) = domus_cli(&state, &["block-attach", "hp", "relative.img,raw,xvdb,rw"]);
     assert!(!ok && err.contains("absolute"), "{err}");
+    // A host file the daemon does not serve (not under an --image-dir).
+    let (ok, _, err) = domus_cli(&state, &["block-attach", "hp", "/etc/shadow,raw,xvdc,ro"]);
+    assert!(
+        !ok && err.contains("is not in a directory the daemon serves"),
+        "{err}"
+    );
     let (ok, _, err) = domus_cli(&state, &["block-attach", "hp", &spec]);
     assert!(!ok && err.contains("already has a disk xvda"), "{err}");
 

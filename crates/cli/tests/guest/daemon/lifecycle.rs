@@ -50,10 +50,17 @@ fn daemon_finds_eight_domains_again_after_a_sigkill_and_destroy_releases_all() {
     let l = list(&state);
     assert_eq!(l.len(), 9, "{l:?}");
     assert_eq!((l[0].id, l[0].name.as_str()), (0, "Domain-0"));
+    // A guest the nested host triple-faulted is being restarted (see
+    // below); every other one runs.
     for (d, n) in l[1..].iter().zip(names) {
-        assert_eq!((d.name.as_str(), d.state), (n, State::Running), "{d:?}");
+        assert_eq!(d.name, n);
+        let restarting =
+            d.state == State::Restarting && triple_faulted(&daemon.log).contains(&n.to_string());
+        assert!(d.state == State::Running || restarting, "{d:?}");
     }
-    assert_eq!(info(&state).domain_memory_mib, 8 * 192);
+    // Each holds its maxmem (256 MiB) and its VMM's allowance (64 MiB),
+    // however little it uses now.
+    assert_eq!(info(&state).domain_memory_mib, 8 * (256 + 64));
     let pids: Vec<u64> = l[1..].iter().map(|d| d.pid.unwrap() as u64).collect();
 
     // SIGKILL the daemon: the domains keep running and a new daemon finds

@@ -127,9 +127,19 @@ fn start_daemon(state: &std::path::Path) -> TestDaemon {
         .append(true)
         .open(&log)
         .unwrap();
+    // It serves the test's own files, the kit and the agent's initrd.
+    let agent = crate::agent::agent_initrd();
+    let mut images = vec![state.parent().unwrap(), agent.parent().unwrap()];
+    let kit = crate::kit().kernel;
+    images.push(kit.parent().unwrap());
     let child = Command::new(env!("CARGO_BIN_EXE_domus"))
         .args(["daemon", "--state-dir"])
         .arg(state)
+        .args(
+            images
+                .iter()
+                .flat_map(|d| [std::path::Path::new("--image-dir"), d]),
+        )
         .stderr(out)
         .spawn()
         .unwrap();

@@ -1,0 +1,191 @@
+//! Which host files a domain may be given: kernels, initrds and disk images
+//! only from the directories the daemon serves (`--image-dir`), block
+//! devices only when listed (`--block-device`). An API client that may
+//! create domains must not be able to hand a guest `/etc/shadow` or another
+//! domain's disk.
+//!
+//! Paths are resolved (symbolic links and `..` followed) when they are
+//! checked, at every start and hot-plug, so a link inside an image directory
+//! that points out of it is refused too.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use domus_api::domain::DomainConfig;
+
+use crate::{Error, Result};
+
+/// The host files domains may use.
+#[derive(Clone, Debug)]
+pub struct Files {
+    /// Regular files below these directories.
+    pub image_dirs: Vec<PathBuf>,
+    /// These block devices (their resolved paths).
+    pub block_devices: Vec<PathBuf>,
+    /// Tests of other concerns only: any path, unchecked.
+    #[cfg(test)]
+    pub any: bool,
+}
+
+impl Files {
+    pub fn new(image_dirs: Vec<PathBuf>, block_devices: Vec<PathBuf>) -> Self {
+        Self {
+            image_dirs,
+            block_devices,
+            #[cfg(test)]
+            any: false,
+        }
+    }
+
+    /// Every path a configuration names, each checked.
+    pub fn check_config(&self, c: &DomainConfig) -> Result<()> {
+        self.check("kernel", &c.kernel)?;
+        if let Some(r) = &c.ramdisk {
+            self.check("ramdisk", r)?;
+        }
+        for d in &c.disks {
+            self.check(&format!("disk {}", d.vdev), &d.path)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `path` (the domain's `what`) may be given to a guest: a
+    /// path that does not resolve is 400, one outside what is served 403.
+    pub fn check(&self, what: &str, path: &Path) -> Result<()> {
+        #[cfg(test)]
+        if self.any {
+            return Ok(());
+        }
+        let real = path
+            .canonicalize()
+            .map_err(|e| Error::Invalid(format!("{what} {}: {e}", path.display())))?;
+        let kind = std::fs::metadata(&real)
+            .map_err(|e| Error::Invalid(format!("{what} {}: {e}", path.display())))?
+            .file_type();
+        let shown = if real == path {
+            path.display().to_string()
+        } else {
+            format!("{} (that is {})", path.display(), real.display())
+        };
+        if kind.is_block_device() {
+            if self.block_devices.iter().any(|d| resolved(d) == real) {
+                return Ok(());
+            }
+            return Err(Error::Forbidden(format!(
+                "{what} {shown} is a block device the daemon does not serve \
+                 (a block device must be listed with `domus daemon --block-device`)"
+            )));
+        }
+        if self
+            .image_dirs
+            .iter()
+            .any(|d| real.starts_with(resolved(d)))
+        {
+            return Ok(());
+        }
+        let dirs: Vec<String> = self
+            .image_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        Err(Error::Forbidden(format!(
+            "{what} {shown} is not in a directory the daemon serves images from ({}); \
+             put it there or start the daemon with `--image-dir` naming its directory",
+            if dirs.is_empty() {
+                "none".to_string()
+            } else {
+                dirs.join(", ")
+            }
+        )))
+    }
+}
+
+/// `p` with its links followed where it exists (an image directory made
+/// after the daemon started counts from then on).
+fn resolved(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("domus-paths-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("images/sub")).unwrap();
+        std::fs::create_dir_all(d.join("elsewhere")).unwrap();
+        std::fs::write(d.join("images/sub/disk.img"), b"x").unwrap();
+        std::fs::write(d.join("elsewhere/secret"), b"x").unwrap();
+        d
+    }
+
+    fn status(r: Result<()>) -> u16 {
+        r.map_or_else(|e| e.status(), |()| 200)
+    }
+
+    #[test]
+    fn only_files_under_the_image_dirs_are_served() {
+        let d = scratch("dirs");
+        let f = Files::new(vec![d.join("images")], vec![]);
+        assert_eq!(status(f.check("disk", &d.join("images/sub/disk.img"))), 200);
+        let e = f.check("ramdisk", Path::new("/etc/shadow")).unwrap_err();
+        assert_eq!(e.status(), 403);
+        assert!(e.to_string().contains("--image-dir"), "{e}");
+        assert_eq!(status(f.check("disk", &d.join("elsewhere/secret"))), 403);
+        // Out by `..` or by a link: what counts is where the path leads.
+        let dotdot = d.join("images/sub/../../elsewhere/secret");
+        let e = f.check("disk", &dotdot).unwrap_err();
+        assert!(e.to_string().contains("that is"), "{e}");
+        assert_eq!(e.status(), 403);
+        std::os::unix::fs::symlink(d.join("elsewhere/secret"), d.join("images/link")).unwrap();
+        assert_eq!(status(f.check("disk", &d.join("images/link"))), 403);
+        // A link that stays inside is fine; so is an image dir given through
+        // a link.
+        std::os::unix::fs::symlink(d.join("images/sub/disk.img"), d.join("images/in")).unwrap();
+        assert_eq!(status(f.check("disk", &d.join("images/in"))), 200);
+        std::os::unix::fs::symlink(d.join("images"), d.join("alias")).unwrap();
+        let f2 = Files::new(vec![d.join("alias")], vec![]);
+        assert_eq!(
+            status(f2.check("disk", &d.join("images/sub/disk.img"))),
+            200
+        );
+        // A missing file is the user's mistake (400), named.
+        let e = f.check("kernel", &d.join("images/none")).unwrap_err();
+        assert_eq!(e.status(), 400);
+        assert!(e.to_string().starts_with("kernel "), "{e}");
+        // A directory whose name only begins like an image dir is not in it.
+        std::fs::create_dir_all(d.join("images2")).unwrap();
+        std::fs::write(d.join("images2/x"), b"x").unwrap();
+        assert_eq!(status(f.check("disk", &d.join("images2/x"))), 403);
+        // No image dirs: nothing is served.
+        let none = Files::new(vec![], vec![]);
+        let e = none
+            .check("disk", &d.join("images/sub/disk.img"))
+            .unwrap_err();
+        assert!(e.to_string().contains("(none)"), "{e}");
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn block_devices_only_when_listed() {
+        // /dev/loop0 or any block device the test host has; none: nothing
+        // to test here (the guest tests' nested host has them).
+        let Some(dev) = std::fs::read_dir("/dev")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
+        else {
+            return;
+        };
+        let f = Files::new(vec![PathBuf::from("/dev")], vec![]);
+        assert_eq!(
+            status(f.check("disk", &dev)),
+            403,
+            "an image dir is not enough"
+        );
+        let f = Files::new(vec![], vec![dev.clone()]);
+        assert_eq!(status(f.check("disk", &dev)), 200);
+    }
+}
