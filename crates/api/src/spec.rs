@@ -340,6 +340,12 @@ pub struct VmSpec {
     pub rng: bool,
     #[serde(default)]
     pub balloon: bool,
+    /// The memory the guest keeps from the start (MiB): the balloon holds
+    /// the rest of `memory_mib` before the guest's driver first looks, as
+    /// xl starts a domain whose memory is below its maxmem. Needs
+    /// `balloon`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon_target_mib: Option<u64>,
     #[serde(default)]
     pub prefault: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -117,12 +117,13 @@ enum Command {
 struct RunArgs {
     /// Everything below as one JSON document instead of flags: a VM spec
     /// (domus-api's VmSpec: kernel, initrd, cmdline, vcpus, memory_mib,
-    /// console, disks, nets, vsock_cid, rng, balloon, prefault, api_socket,
+    /// console, disks, nets, vsock_cid, rng, balloon, balloon_target_mib,
+    /// prefault, api_socket,
     /// name, exit_file; disks and nets as objects or in the flags' syntax).
     /// An unknown field is refused by name.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "kernel", "initrd", "cmdline", "vcpus", "memory", "console", "disk", "net", "vsock",
-        "no_rng", "balloon", "prefault", "api_socket", "name", "exit_file",
+        "no_rng", "balloon", "balloon_target", "prefault", "api_socket", "name", "exit_file",
     ])]
     config: Option<PathBuf>,
     /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
@@ -169,6 +170,10 @@ struct RunArgs {
     /// memory the guest frees goes back to the host (free page reporting).
     #[arg(long)]
     balloon: bool,
+    /// With --balloon: the memory the guest keeps from the start (256M,
+    /// 1G, or plain MiB); the balloon holds the rest of --memory.
+    #[arg(long, value_name = "SIZE", requires = "balloon", value_parser = domus_api::spec::parse_size)]
+    balloon_target: Option<u64>,
     /// Populate all guest memory before the guest starts, and KVM's page
     /// tables for it where the kernel can (Linux 6.10 and later): no page
     /// faults in the host when the guest first touches memory, at the cost
@@ -221,6 +226,7 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         vsock_cid: args.vsock,
         rng: !args.no_rng,
         balloon: args.balloon,
+        balloon_target_mib: args.balloon_target.map(|b| b.div_ceil(1 << 20)),
         prefault: args.prefault,
         api_socket: args.api_socket,
         name: args.name,

@@ -285,6 +285,10 @@ impl Daemon {
             vsock_cid: c.vsock_cid,
             rng: true,
             balloon: true,
+            // Below maxmem, the guest starts ballooned down to what the
+            // domain keeps (its memory, or what mem-set made it), before
+            // its driver first looks.
+            balloon_target_mib: Some(keep_mib(r)).filter(|&m| m < c.maxmem_mib),
             prefault: false,
             api_socket: Some(api.clone()),
             exit_file: Some(dir.join("exit")),
@@ -325,8 +329,9 @@ impl Daemon {
         };
         let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
         // SAFETY: the closure runs in the child between fork and exec and
-        // only makes async-signal-safe calls (setsid, write) on memory and
-        // descriptors that exist before the fork.
+        // only makes async-signal-safe calls (setsid, write, and the raw
+        // system calls of `confine`) on memory and descriptors that exist
+        // before the fork.
         unsafe {
             cmd.pre_exec(move || {
                 libc::setsid();
@@ -336,7 +341,7 @@ impl Daemon {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                Ok(())
+                confine()
             });
         }
         let mut child = self.host.launcher.launch(&mut cmd, &spec)?;
@@ -394,9 +399,6 @@ impl Daemon {
         );
         lock(&self.db).set_running(r.id)?;
         self.waker.wake();
-        if c.memory_mib < c.maxmem_mib {
-            let _ = VmmClient::new(&api).set_balloon(c.memory_mib);
-        }
         Ok(())
     }
 
@@ -574,6 +576,55 @@ fn admit(need: u64, total: u64, used: u64, reserve: u64) -> Result<()> {
     }
     Ok(())
 }
+
+/// The memory domain `r` keeps (its balloon's target): what mem-set last
+/// made it, within 64 MiB and maxmem, else its configured memory.
+fn keep_mib(r: &db::Row) -> u64 {
+    u64::try_from(r.memory_mib)
+        .ok()
+        .filter(|m| (64..=r.config.maxmem_mib).contains(m))
+        .unwrap_or(r.config.memory_mib)
+}
+
+/// What the VMM is denied before it runs, in the child between fork and
+/// exec (async-signal-safe system calls only): it can never gain privileges
+/// (no set-uid binary or file capability takes effect, which seccomp filters
+/// also need), inherits no descriptor of the daemon's (each is closed at
+/// exec; the standard streams were set up already), dumps no core (the
+/// guest's memory), and holds at most [`VMM_FILES`] descriptors.
+fn confine() -> std::io::Result<()> {
+    let check = |r: libc::c_long| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: prctl(2) with integer arguments; it changes only this process.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }.into())?;
+    // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only marks this
+    // process's descriptors from 3 up close-on-exec.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    })?;
+    for (resource, n) in [(libc::RLIMIT_CORE, 0), (libc::RLIMIT_NOFILE, VMM_FILES)] {
+        let lim = libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        };
+        // SAFETY: setrlimit(2) reads `lim`, which lives on this stack.
+        check(unsafe { libc::setrlimit(resource, &lim) }.into())?;
+    }
+    Ok(())
+}
+
+/// The most descriptors a VMM may hold (disks, taps, eventfds, sockets).
+const VMM_FILES: libc::rlim_t = 4096;
 
 #[cfg(test)]
 mod tests {

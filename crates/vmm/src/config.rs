@@ -36,6 +36,9 @@ pub struct VmConfig {
     /// A virtio-balloon device (inflate/deflate, statistics, free page
     /// reporting).
     pub balloon: bool,
+    /// The memory the guest keeps from the start, in bytes (the balloon's
+    /// first target).
+    pub balloon_target: Option<u64>,
     /// Populate all guest memory, and KVM's page tables for it, before the
     /// guest runs ([`crate::memory::prefault`]).
     pub prefault: bool,
@@ -166,6 +169,18 @@ impl VmConfig {
             vsock_cid: s.vsock_cid,
             rng: s.rng,
             balloon: s.balloon,
+            balloon_target: match s.balloon_target_mib {
+                Some(_) if !s.balloon => {
+                    return Err("balloon_target_mib needs the balloon (balloon: true)".into())
+                }
+                Some(t) if t > s.memory_mib => {
+                    return Err(format!(
+                        "balloon_target_mib {t} is more than memory_mib {}",
+                        s.memory_mib
+                    ))
+                }
+                t => t.map(|t| t << 20),
+            },
             prefault: s.prefault,
             api_socket: s.api_socket.clone(),
             name: s.name.clone(),
@@ -214,10 +229,32 @@ mod tests {
             vsock_cid: None,
             rng: false,
             balloon: false,
+            balloon_target: None,
             prefault: false,
             api_socket: None,
             name: "t".into(),
         }
+    }
+
+    #[test]
+    fn a_balloon_target_needs_the_balloon_and_fits_the_memory() {
+        let spec = |balloon, target| VmSpec {
+            balloon,
+            balloon_target_mib: target,
+            ..domus_api::parse_body::<VmSpec>(br#"{"kernel": "/k", "memory_mib": 512}"#).unwrap()
+        };
+        let c = VmConfig::from_spec(&spec(true, Some(384))).unwrap();
+        assert_eq!(c.balloon_target, Some(384 << 20));
+        assert_eq!(
+            VmConfig::from_spec(&spec(true, None))
+                .unwrap()
+                .balloon_target,
+            None
+        );
+        let e = VmConfig::from_spec(&spec(false, Some(384))).unwrap_err();
+        assert!(e.contains("needs the balloon"), "{e}");
+        let e = VmConfig::from_spec(&spec(true, Some(513))).unwrap_err();
+        assert!(e.contains("more than memory_mib 512"), "{e}");
     }
 
     #[test]

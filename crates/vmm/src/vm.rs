@@ -227,6 +227,11 @@ fn virtio_devices(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>) -> Result<Devices>
     }
     if cfg.balloon {
         let b = Balloon::new().map_err(|e| Error::Io("creating the balloon", e))?;
+        if let Some(keep) = cfg.balloon_target {
+            // The balloon holds what the guest gives up, in 4 KiB pages.
+            b.handle()
+                .set_target_pages((cfg.memory - keep.min(cfg.memory)) >> 12);
+        }
         let a = registry::Device {
             id: "balloon0".into(),
             slot: 0,

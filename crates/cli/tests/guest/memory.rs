@@ -44,11 +44,15 @@ fn balloon_returns_freed_memory_and_inflates_to_a_target() {
     let sock = dir.join("api.sock");
     let mut vm = TestVm::agent()
         .memory("512M")
-        .args(["--balloon"])
+        .args(["--balloon", "--balloon-target", "480M"])
         .api_socket(&sock)
         .start();
     let vmm = VmmClient::new(&sock);
     let pid = u64::from(vmm.domain().unwrap().pid);
+    // It started ballooned down to 480 MiB: the balloon held 32 MiB
+    // before the guest's driver first looked.
+    let b = vmm.balloon().unwrap();
+    assert_eq!((b.target_mib, b.balloon_target_mib), (480, 32), "{b:?}");
 
     // 200 MiB of tmpfs filled and freed: free page reporting (about 2 s
     // after the pages are freed) gives it back to the host.

@@ -62,6 +62,7 @@ fn daemon_finds_eight_domains_again_after_a_sigkill_and_destroy_releases_all() {
     // however little it uses now.
     assert_eq!(info(&state).domain_memory_mib, 8 * (256 + 64));
     let pids: Vec<u64> = l[1..].iter().map(|d| d.pid.unwrap() as u64).collect();
+    assert_confined(pids[0], &state);
 
     // SIGKILL the daemon: the domains keep running and a new daemon finds
     // them. A guest that triple-faults resets, and the daemon restarts it
@@ -340,4 +341,31 @@ fn daemon_mem_max_device_lists_and_reboot_w_in_a_fresh_vmm() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The VMM `pid` of the daemon in `state` cannot gain privileges, dumps no
+/// core, and holds none of the daemon's descriptors (its database, its
+/// socket).
+fn assert_confined(pid: u64, state: &std::path::Path) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .unwrap();
+    assert!(core.split_whitespace().nth(4) == Some("0"), "{limits}");
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert!(nofile.split_whitespace().nth(3) == Some("4096"), "{limits}");
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let target = std::fs::read_link(fd.unwrap().path()).unwrap_or_default();
+        assert!(
+            !target.starts_with(state) || target.starts_with(state.join("domains")),
+            "the VMM holds the daemon's {}",
+            target.display()
+        );
+    }
 }
