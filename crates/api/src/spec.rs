@@ -348,6 +348,10 @@ pub struct VmSpec {
     pub balloon_target_mib: Option<u64>,
     #[serde(default)]
     pub prefault: bool,
+    /// A seccomp filter on every VMM thread: the system calls a running
+    /// VMM needs, any other kills it.
+    #[serde(default)]
+    pub seccomp: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_socket: Option<PathBuf>,
     /// Where to write the exit status and its reason on exit.

@@ -118,12 +118,13 @@ struct RunArgs {
     /// Everything below as one JSON document instead of flags: a VM spec
     /// (domus-api's VmSpec: kernel, initrd, cmdline, vcpus, memory_mib,
     /// console, disks, nets, vsock_cid, rng, balloon, balloon_target_mib,
-    /// prefault, api_socket,
+    /// prefault, seccomp, api_socket,
     /// name, exit_file; disks and nets as objects or in the flags' syntax).
     /// An unknown field is refused by name.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "kernel", "initrd", "cmdline", "vcpus", "memory", "console", "disk", "net", "vsock",
-        "no_rng", "balloon", "balloon_target", "prefault", "api_socket", "name", "exit_file",
+        "no_rng", "balloon", "balloon_target", "prefault", "seccomp", "api_socket", "name",
+        "exit_file",
     ])]
     config: Option<PathBuf>,
     /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
@@ -180,6 +181,11 @@ struct RunArgs {
     /// of committing all of it at start.
     #[arg(long)]
     prefault: bool,
+    /// Confine every VMM thread with a seccomp filter before the guest
+    /// runs: only the system calls a running VMM makes are allowed, any
+    /// other kills the process (exit by SIGSYS).
+    #[arg(long)]
+    seccomp: bool,
     /// Serve the domain's REST API on this Unix socket (mode 0600); see
     /// api/domain.openapi.json.
     #[arg(long, value_name = "PATH")]
@@ -228,6 +234,7 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         balloon: args.balloon,
         balloon_target_mib: args.balloon_target.map(|b| b.div_ceil(1 << 20)),
         prefault: args.prefault,
+        seccomp: args.seccomp,
         api_socket: args.api_socket,
         name: args.name,
         exit_file: args.exit_file,

@@ -115,6 +115,7 @@ fn debian_systemd_guest_boots_with_no_failed_unit_and_powers_off_on_the_button()
     let sock = dir.join("api.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_domus"))
         .arg("run")
+        .arg("--seccomp")
         .arg("--kernel")
         .arg(image.join("vmlinuz"))
         .arg("--initrd")

@@ -251,7 +251,7 @@ mod tests {
         );
         assert_eq!(missing_controllers("cpu memory"), Err(vec!["cpuset"]));
         assert_eq!(missing_controllers(""), Err(CONTROLLERS.to_vec()));
-        let dir = std::env::temp_dir().join(format!("domus-cg-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("domus-cg-controllers-{}", std::process::id()));
         let e = Cgroup2::at(dir.clone()).err().unwrap();
         assert!(e.starts_with("no cgroup v2 at"), "{e}");
         std::fs::create_dir_all(&dir).unwrap();

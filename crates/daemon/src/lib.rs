@@ -153,6 +153,8 @@ pub struct Daemon {
     pub reserve_mib: u64,
     /// The host files domains may be given.
     pub files: paths::Files,
+    /// VMMs run under their seccomp filter.
+    pub seccomp: bool,
     /// The TCP API's certificate fingerprint, when it listens on TCP.
     pub tls_fingerprint: std::sync::OnceLock<String>,
     db: Mutex<Db>,
@@ -303,6 +305,8 @@ pub struct Policy {
     pub reserve_mib: u64,
     /// The host files domains may be given.
     pub files: paths::Files,
+    /// VMMs run under their seccomp filter (`domus run --seccomp`).
+    pub seccomp: bool,
 }
 
 #[cfg(test)]
@@ -315,6 +319,7 @@ impl Policy {
                 any: true,
                 ..paths::Files::new(Vec::new(), Vec::new())
             },
+            seccomp: true,
         }
     }
 }
@@ -346,7 +351,11 @@ impl Daemon {
         policy: Policy,
         host: HostOps,
     ) -> Result<Arc<Self>> {
-        let Policy { reserve_mib, files } = policy;
+        let Policy {
+            reserve_mib,
+            files,
+            seccomp,
+        } = policy;
         std::fs::create_dir_all(state.join("domains"))?;
         std::fs::create_dir_all(state.join("images"))?;
         let db = Db::open(&state.join("state.db"), &upgrade)?;
@@ -357,6 +366,7 @@ impl Daemon {
             domus,
             reserve_mib,
             files,
+            seccomp,
             tls_fingerprint: std::sync::OnceLock::new(),
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
@@ -502,6 +512,12 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         dirs.join(", "),
         d.files.block_devices.len()
     ));
+    if !d.seccomp {
+        let msg = "VMMs run WITHOUT their seccomp filter (--no-seccomp): a guest that takes \
+                   over its VMM can make any system call";
+        tracing::warn!("{msg}");
+        d.log(msg);
+    }
     if no_cgroups {
         let msg = "running WITHOUT cgroups (--no-cgroups): domains get no CPU weights, caps, \
                    CPU lists or memory limits, and requests that would set one are refused";

@@ -290,6 +290,7 @@ impl Daemon {
             // its driver first looks.
             balloon_target_mib: Some(keep_mib(r)).filter(|&m| m < c.maxmem_mib),
             prefault: false,
+            seccomp: self.seccomp,
             api_socket: Some(api.clone()),
             exit_file: Some(dir.join("exit")),
         };

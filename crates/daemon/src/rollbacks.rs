@@ -247,7 +247,7 @@ fn a_configuration_the_vmm_refuses_is_a_400_and_leaves_nothing() {
     // kernel, too little memory); the stand-in does so at once.
     let stand_in = StandIn::new(Duration::from_secs(5), Some((Duration::from_millis(10), 2)));
     let started = stand_in.started.clone();
-    let (d, state) = daemon("refused", crate::fakes::host(stand_in));
+    let (d, state) = daemon("refused-config", crate::fakes::host(stand_in));
     let e = d.create("r.cfg", "/", &config("r", ""), &[]).unwrap_err();
     assert!(matches!(e, Error::Refused { .. }), "{e}");
     assert_eq!(e.status(), 400);

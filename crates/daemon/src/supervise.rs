@@ -57,6 +57,10 @@ fn describe_status(status: Option<ExitStatus>) -> String {
         None => "killed: it was started by an earlier daemon and left no exit file".into(),
         Some(s) => match (s.code(), s.signal()) {
             (Some(c), _) => format!("exit status {c}"),
+            (None, Some(libc::SIGSYS)) => format!(
+                "killed by signal {} (SIGSYS): it made a system call its seccomp filter forbids",
+                libc::SIGSYS
+            ),
             (None, Some(sig)) => format!("killed by signal {sig}"),
             (None, None) => s.to_string(),
         },
@@ -459,6 +463,8 @@ mod tests {
             "killed by signal 9"
         );
         assert!(describe_status(None).contains("no exit file"));
+        let sys = describe_status(Some(ExitStatus::from_raw(libc::SIGSYS)));
+        assert!(sys.contains("seccomp filter forbids"), "{sys}");
     }
 
     #[test]

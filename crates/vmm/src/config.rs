@@ -39,6 +39,8 @@ pub struct VmConfig {
     /// The memory the guest keeps from the start, in bytes (the balloon's
     /// first target).
     pub balloon_target: Option<u64>,
+    /// The seccomp filter ([`crate::seccomp`]) on every thread.
+    pub seccomp: bool,
     /// Populate all guest memory, and KVM's page tables for it, before the
     /// guest runs ([`crate::memory::prefault`]).
     pub prefault: bool,
@@ -182,6 +184,7 @@ impl VmConfig {
                 t => t.map(|t| t << 20),
             },
             prefault: s.prefault,
+            seccomp: s.seccomp,
             api_socket: s.api_socket.clone(),
             name: s.name.clone(),
         })
@@ -230,6 +233,7 @@ mod tests {
             rng: false,
             balloon: false,
             balloon_target: None,
+            seccomp: false,
             prefault: false,
             api_socket: None,
             name: "t".into(),

@@ -17,6 +17,7 @@ mod openapi_check;
 pub mod pause;
 pub mod probe;
 pub mod registry;
+pub mod seccomp;
 pub mod vcpu;
 pub mod vm;
 
@@ -55,6 +56,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Seccomp(#[from] seccomp::SeccompError),
     #[error("writing boot data into guest memory")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
     #[error("console {path}")]

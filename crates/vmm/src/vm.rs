@@ -408,6 +408,11 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             );
         }
     }
+    // From here on, every thread (and every one made later) may make only
+    // the system calls a running VMM needs.
+    if cfg.seccomp {
+        crate::seccomp::install(&crate::seccomp::filter()?)?;
+    }
     for (id, vcpu) in vcpus.into_iter().enumerate() {
         let (bus, tx, p) = (bus.clone(), stop_tx.clone(), pause.clone());
         std::thread::Builder::new()

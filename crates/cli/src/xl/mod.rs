@@ -97,6 +97,11 @@ pub struct DaemonArgs {
     /// cpu, cpuset and memory controllers.
     #[arg(long)]
     pub no_cgroups: bool,
+    /// Start VMMs without their seccomp filter (for debugging a VMM that
+    /// dies of SIGSYS): a guest that takes over its VMM can then make any
+    /// system call. The daemon's log says so.
+    #[arg(long)]
+    pub no_seccomp: bool,
     /// Also serve the API over TLS on TCP at this host:port (requests need
     /// `Authorization: Bearer TOKEN`; the CLI reaches it through
     /// DOMUS_DAEMON_TCP, DOMUS_TLS_FINGERPRINT or DOMUS_TLS_CA, and
@@ -215,6 +220,7 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
         policy: domus_daemon::Policy {
             reserve_mib: a.host_reserve,
             files: domus_daemon::paths::Files::new(image_dirs, a.block_device),
+            seccomp: !a.no_seccomp,
         },
         tcp,
         no_cgroups: a.no_cgroups,

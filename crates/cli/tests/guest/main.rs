@@ -161,7 +161,10 @@ impl TestVm {
     /// (the console) and stderr piped.
     fn command(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_domus"));
+        // Every guest test runs its VMM under the seccomp filter, as the
+        // daemon does.
         c.arg("run")
+            .arg("--seccomp")
             .arg("--kernel")
             .arg(&self.kernel)
             .arg("--initrd")
