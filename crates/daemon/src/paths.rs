@@ -56,9 +56,16 @@ impl Files {
         if self.any {
             return Ok(());
         }
-        let real = path
-            .canonicalize()
-            .map_err(|e| Error::Invalid(format!("{what} {}: {e}", path.display())))?;
+        let real = match path.canonicalize() {
+            Ok(real) => real,
+            // Whether a file outside the served directories exists is none
+            // of the client's business: only a path inside them is told it
+            // is missing.
+            Err(e) if self.serves(&lexical(path)) => {
+                return Err(Error::Invalid(format!("{what} {}: {e}", path.display())))
+            }
+            Err(_) => return Err(self.refusal(what, &path.display().to_string())),
+        };
         let kind = std::fs::metadata(&real)
             .map_err(|e| Error::Invalid(format!("{what} {}: {e}", path.display())))?
             .file_type();
@@ -76,19 +83,24 @@ impl Files {
                  (a block device must be listed with `domus daemon --block-device`)"
             )));
         }
-        if self
-            .image_dirs
-            .iter()
-            .any(|d| real.starts_with(resolved(d)))
-        {
+        if self.serves(&real) {
             return Ok(());
         }
+        Err(self.refusal(what, &shown))
+    }
+
+    /// Whether `p` (resolved) lies under an image directory.
+    fn serves(&self, p: &Path) -> bool {
+        self.image_dirs.iter().any(|d| p.starts_with(resolved(d)))
+    }
+
+    fn refusal(&self, what: &str, shown: &str) -> Error {
         let dirs: Vec<String> = self
             .image_dirs
             .iter()
             .map(|d| d.display().to_string())
             .collect();
-        Err(Error::Forbidden(format!(
+        Error::Forbidden(format!(
             "{what} {shown} is not in a directory the daemon serves images from ({}); \
              put it there or start the daemon with `--image-dir` naming its directory",
             if dirs.is_empty() {
@@ -96,8 +108,23 @@ impl Files {
             } else {
                 dirs.join(", ")
             }
-        )))
+        ))
     }
+}
+
+/// `p` with `.` and `..` taken away by the letter (it need not exist).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `p` with its links followed where it exists (an image directory made
@@ -150,10 +177,20 @@ mod tests {
             status(f2.check("disk", &d.join("images/sub/disk.img"))),
             200
         );
-        // A missing file is the user's mistake (400), named.
+        // A missing file in a served directory is the user's mistake (400),
+        // named; outside them, missing or not, it is refused the same way,
+        // so a client learns nothing of the host's files.
         let e = f.check("kernel", &d.join("images/none")).unwrap_err();
         assert_eq!(e.status(), 400);
         assert!(e.to_string().starts_with("kernel "), "{e}");
+        assert_eq!(
+            status(f.check("kernel", Path::new("/etc/no-such-file"))),
+            403
+        );
+        assert_eq!(
+            status(f.check("kernel", &d.join("images/../elsewhere/none"))),
+            403
+        );
         // A directory whose name only begins like an image dir is not in it.
         std::fs::create_dir_all(d.join("images2")).unwrap();
         std::fs::write(d.join("images2/x"), b"x").unwrap();
