@@ -196,14 +196,9 @@ impl Daemon {
             free_memory_mib: host.saturating_sub(self.reserve_mib).saturating_sub(used),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cgroups: self.host.groups.is_some(),
-            image_dirs: shown(&self.files.image_dirs),
-            block_devices: shown(&self.files.block_devices),
+            image_dirs: crate::paths::shown(&self.files.image_dirs),
+            block_devices: crate::paths::shown(&self.files.block_devices),
             tls_fingerprint: self.tls_fingerprint.get().cloned(),
         }
     }
-}
-
-/// Paths as the API shows them.
-fn shown(paths: &[std::path::PathBuf]) -> Vec<String> {
-    paths.iter().map(|p| p.display().to_string()).collect()
 }

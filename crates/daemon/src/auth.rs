@@ -63,8 +63,7 @@ pub fn tls_identity(t: &TcpApi) -> Result<domus_http::tls::Identity> {
     if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
         names.push(h.trim().to_string());
     }
-    let host = t.addr.rsplit_once(':').map_or(t.addr.as_str(), |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = domus_http::tls::host_of(&t.addr);
     if !host.is_empty() && !matches!(host, "0.0.0.0" | "::") {
         names.push(host.to_string());
     }

@@ -500,16 +500,10 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         None => None,
     };
     let d = Daemon::open(state, domus, policy, host)?;
-    let dirs: Vec<String> = d
-        .files
-        .image_dirs
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
     d.log(&format!(
         "started (state {}, images from {}, {} block devices served)",
         d.state.display(),
-        dirs.join(", "),
+        paths::shown(&d.files.image_dirs).join(", "),
         d.files.block_devices.len()
     ));
     if !d.seccomp {

@@ -94,14 +94,10 @@ impl Files {
         self.image_dirs.iter().any(|d| p.starts_with(resolved(d)))
     }
 
-    fn refusal(&self, what: &str, shown: &str) -> Error {
-        let dirs: Vec<String> = self
-            .image_dirs
-            .iter()
-            .map(|d| d.display().to_string())
-            .collect();
+    fn refusal(&self, what: &str, path: &str) -> Error {
+        let dirs = shown(&self.image_dirs);
         Error::Forbidden(format!(
-            "{what} {shown} is not in a directory the daemon serves images from ({}); \
+            "{what} {path} is not in a directory the daemon serves images from ({}); \
              put it there or start the daemon with `--image-dir` naming its directory",
             if dirs.is_empty() {
                 "none".to_string()
@@ -110,6 +106,11 @@ impl Files {
             }
         ))
     }
+}
+
+/// Paths as the API and the log show them.
+pub(crate) fn shown(paths: &[PathBuf]) -> Vec<String> {
+    paths.iter().map(|p| p.display().to_string()).collect()
 }
 
 /// `p` with `.` and `..` taken away by the letter (it need not exist).

@@ -308,7 +308,7 @@ fn client_config(verify: &Verify) -> Result<ClientConfig, HttpError> {
 }
 
 /// The host part of `host:port` (an IPv6 address in brackets without them).
-fn host_of(addr: &str) -> &str {
+pub fn host_of(addr: &str) -> &str {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     host.trim_start_matches('[').trim_end_matches(']')
 }
