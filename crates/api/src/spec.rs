@@ -7,7 +7,7 @@
 //! (`/img/a.raw,ro,bw=10M`, `tap=t0,mac=52:54:00:12:34:56`). Both are
 //! parsed here, once, and checked the same way.
 
-use std::path::PathBuf;
+use std::path::{Component, PathBuf};
 use std::str::FromStr;
 
 use serde::de::{DeserializeOwned, Error as _};
@@ -105,6 +105,11 @@ pub struct DiskSpec {
     /// Bytes and requests per second (none: unlimited).
     #[serde(default)]
     pub rate_limit: RateLimit,
+    /// For a jailed VMM, which cannot open host files: the supervisor
+    /// opened `path` and passed the descriptor on the VMM's descriptor
+    /// socket (`JailSpec::fd_socket`) with this tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<u64>,
 }
 
 impl Checked for DiskSpec {
@@ -357,6 +362,69 @@ pub struct VmSpec {
     /// Where to write the exit status and its reason on exit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_file: Option<PathBuf>,
+    /// Confine the VMM once the domain is set up, before the guest runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jail: Option<JailSpec>,
+}
+
+/// The jail `domus run` enters once everything it needs is open and
+/// before the guest's first instruction: a new root holding only
+/// `devices`, an unprivileged user and group, no capabilities, rlimits and
+/// Landlock. It must have been started in mount, PID, IPC and UTS
+/// namespaces of its own (`domus daemon` and `domus run --jail` do that).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailSpec {
+    /// An empty directory the new root (a small read-only tmpfs) is
+    /// mounted on.
+    pub root: PathBuf,
+    /// The user and group the VMM becomes (never 0).
+    pub uid: u32,
+    pub gid: u32,
+    /// Device nodes bound into the new root at the same paths, under
+    /// /dev (interface hot-plug opens /dev/net/tun).
+    #[serde(default)]
+    pub devices: Vec<PathBuf>,
+    /// The largest file the VMM may write (RLIMIT_FSIZE, bytes): at least
+    /// its largest disk.
+    pub max_file_bytes: u64,
+    /// The threads its user may have (RLIMIT_NPROC).
+    pub max_threads: u64,
+    /// A Unix socket, bound before the jail is entered, on which the
+    /// supervisor passes descriptors of files the VMM can no longer open
+    /// (hot-plugged disks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fd_socket: Option<PathBuf>,
+}
+
+impl Checked for JailSpec {
+    fn check(&self) -> Result<(), String> {
+        if !self.root.is_absolute() {
+            return Err(format!(
+                "jail root {}: give an absolute path",
+                self.root.display()
+            ));
+        }
+        if self.uid == 0 || self.gid == 0 || self.uid == u32::MAX || self.gid == u32::MAX {
+            return Err("the jail's uid and gid must be neither 0 nor 4294967295".into());
+        }
+        for d in &self.devices {
+            let ok = d.is_absolute()
+                && d.starts_with("/dev")
+                && d.components()
+                    .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+            if !ok {
+                return Err(format!(
+                    "jail device {}: only paths under /dev, without . or ..",
+                    d.display()
+                ));
+            }
+        }
+        if self.max_threads == 0 {
+            return Err("the jail needs max_threads of at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -407,6 +475,7 @@ mod tests {
                     bandwidth: Some(10 << 20),
                     iops: Some(500)
                 },
+                passed: None,
             }
         );
         assert_eq!(

@@ -238,6 +238,7 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         api_socket: args.api_socket,
         name: args.name,
         exit_file: args.exit_file,
+        jail: None,
     })
 }
 
@@ -248,6 +249,15 @@ fn run(args: RunArgs) -> ExitCode {
         .ok()
     else {
         return ExitCode::from(EXIT_BAD_INPUT as u8);
+    };
+    // Opened now: a jailed VMM can no longer reach it by name at the end.
+    // Empty until then, which a reader takes as no status yet.
+    let exit_file = match exit_file.as_deref().map(std::fs::File::create).transpose() {
+        Ok(f) => f.map(|f| (f, exit_file.unwrap_or_default())),
+        Err(e) => {
+            eprintln!("domus: the exit file: {}", io_reason(&e));
+            return ExitCode::from(EXIT_BAD_INPUT as u8);
+        }
     };
     let (code, why) = match domus_vmm::run(&cfg) {
         Ok(reason) => {
@@ -267,12 +277,9 @@ fn run(args: RunArgs) -> ExitCode {
             (code, why)
         }
     };
-    if let Some(path) = &exit_file {
-        // Written whole and then renamed, so a reader never sees half of it.
-        let tmp = path.with_extension("tmp");
-        let written = std::fs::write(&tmp, format!("{code} {why}\n"))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
+    if let Some((mut f, path)) = exit_file {
+        // One write: the supervisor reads it once this process has ended.
+        if let Err(e) = std::io::Write::write_all(&mut f, format!("{code} {why}\n").as_bytes()) {
             eprintln!("domus: writing the exit file {}: {e}", path.display());
         }
     }

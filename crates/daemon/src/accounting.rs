@@ -88,11 +88,12 @@ impl Daemon {
             return (Vec::new(), false);
         };
         let paused = info.state == DomainState::Paused;
+        let tids = crate::jail::host_tids(r.pid.unwrap_or(0), &info.vcpu_tids);
         if let Some(l) = lock(&self.live).get_mut(&r.id) {
-            l.vcpu_tids = info.vcpu_tids.clone();
+            l.vcpu_tids = tids.clone();
             l.paused = paused;
         }
-        (info.vcpu_tids, paused)
+        (tids, paused)
     }
 
     /// A domain as the API and `list` show it, from the daemon's model and

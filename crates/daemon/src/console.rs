@@ -46,6 +46,11 @@ impl Daemon {
         // the last run's: finish it first. Else: the current one, afresh.
         let (path, from) = match file {
             None => (now, from),
+            // The VMM rotated the log in place: what the client was
+            // reading is in the last log now, at the same offsets.
+            Some(f) if ino(&now) == Some(f) && from > len(&now) && len(&last) > from => {
+                (last, from)
+            }
             Some(f) if ino(&now) == Some(f) => (now, from),
             Some(f) if ino(&last) == Some(f) && len(&last) > from => (last, from),
             Some(_) => (now, 0),

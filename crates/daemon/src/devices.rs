@@ -28,10 +28,15 @@ impl Daemon {
                 d.path.display()
             )));
         }
-        let dev = self
-            .vmm(&r)?
+        let mut spec = crate::lifecycle::disk_spec(&disk);
+        let api = self.vmm(&r)?;
+        // A jailed VMM cannot open the file: it is handed the descriptor.
+        if let Some(jail) = self.running_jail(&r) {
+            spec.passed = Some(self.pass_disk(&r, &jail, &disk.path, spec.read_only)?);
+        }
+        let dev = api
             .plug(&PlugRequest {
-                disk: Some(crate::lifecycle::disk_spec(&disk)),
+                disk: Some(spec),
                 net: None,
             })
             .map_err(vmm_error(&r))?;

@@ -5,7 +5,9 @@
 //! `races` and `rollbacks` test the daemon through them, without KVM.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
+use std::process::Command;
+
+use domus_jail::{Job, Process};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -119,7 +121,7 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Response {
 }
 
 impl Launcher for StandIn {
-    fn launch(&self, _cmd: &mut Command, spec: &VmSpec) -> std::io::Result<Child> {
+    fn launch(&self, _job: Job, spec: &VmSpec) -> std::io::Result<Process> {
         let child = match self.ends {
             // Long enough for any test; short, should a failed test leave it.
             None => Command::new("sleep").arg("120").spawn()?,
@@ -159,7 +161,7 @@ impl Launcher for StandIn {
             let handler = move |req: &Request| serve(req, &info, &devices, &refuse_plug);
             let _ = domus_http::spawn_server("stand-in", listener, Arc::new(handler));
         });
-        Ok(child)
+        Ok(Process::adopt(child))
     }
 }
 
@@ -168,10 +170,20 @@ impl Launcher for StandIn {
 #[derive(Default)]
 pub struct FakeTaps {
     pub taps: Mutex<BTreeMap<String, Option<String>>>,
+    /// The user and group each tap was made for.
+    pub owners: Mutex<BTreeMap<String, (u32, u32)>>,
 }
 
 impl Taps for FakeTaps {
-    fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()> {
+    fn add(
+        &self,
+        name: &str,
+        bridge: Option<&str>,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<()> {
+        if let Some(o) = owner {
+            self.owners.lock().unwrap().insert(name.into(), o);
+        }
         if let Some(b) = bridge.filter(|b| *b != "br0") {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,

@@ -32,6 +32,7 @@ mod devices;
 #[cfg(test)]
 mod fakes;
 mod host;
+mod jail;
 mod lifecycle;
 mod network;
 #[cfg(test)]
@@ -47,9 +48,9 @@ mod rollbacks;
 mod supervise;
 mod watch;
 
+use domus_jail::{Job, Process};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use domus_api::client::{ClientError, VmmClient};
@@ -155,6 +156,9 @@ pub struct Daemon {
     pub files: paths::Files,
     /// VMMs run under their seccomp filter.
     pub seccomp: bool,
+    /// VMMs run jailed, domain N's as user and group `jail + N`; None:
+    /// not jailed (--no-jail).
+    pub jail: Option<u32>,
     /// The TCP API's certificate fingerprint, when it listens on TCP.
     pub tls_fingerprint: std::sync::OnceLock<String>,
     db: Mutex<Db>,
@@ -257,8 +261,8 @@ pub fn instance_tag(state: &Path) -> String {
 /// it is handed) in production; the daemon's own tests hand in a stand-in
 /// VMM, so its lifecycle and races are tested without KVM.
 pub trait Launcher: Send + Sync {
-    /// Starts the VMM of `spec` (whose file `cmd` names).
-    fn launch(&self, cmd: &mut Command, spec: &VmSpec) -> std::io::Result<Child>;
+    /// Starts the VMM of `spec` (whose file `job` names).
+    fn launch(&self, job: Job, spec: &VmSpec) -> std::io::Result<Process>;
 }
 
 /// What the daemon does to the host, each behind a trait so that its tests
@@ -307,7 +311,15 @@ pub struct Policy {
     pub files: paths::Files,
     /// VMMs run under their seccomp filter (`domus run --seccomp`).
     pub seccomp: bool,
+    /// VMMs run jailed ([`domus_jail`]), domain N's as user and group
+    /// `jail + N`; None: not jailed (`--no-jail`).
+    pub jail: Option<u32>,
 }
+
+/// The first user and group id of the jails' range by default: far above
+/// the ranges distributions give users and containers (subuid ranges
+/// start at 100000 and are 65536 wide).
+pub const JAIL_ID_BASE: u32 = 1_500_000_000;
 
 #[cfg(test)]
 impl Policy {
@@ -320,6 +332,7 @@ impl Policy {
                 ..paths::Files::new(Vec::new(), Vec::new())
             },
             seccomp: true,
+            jail: None,
         }
     }
 }
@@ -337,8 +350,8 @@ pub struct Settings {
 struct Exec;
 
 impl Launcher for Exec {
-    fn launch(&self, cmd: &mut Command, _spec: &VmSpec) -> std::io::Result<Child> {
-        cmd.spawn()
+    fn launch(&self, job: Job, _spec: &VmSpec) -> std::io::Result<Process> {
+        domus_jail::spawn(job)
     }
 }
 
@@ -355,6 +368,7 @@ impl Daemon {
             reserve_mib,
             files,
             seccomp,
+            jail,
         } = policy;
         std::fs::create_dir_all(state.join("domains"))?;
         std::fs::create_dir_all(state.join("images"))?;
@@ -367,6 +381,7 @@ impl Daemon {
             reserve_mib,
             files,
             seccomp,
+            jail,
             tls_fingerprint: std::sync::OnceLock::new(),
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
@@ -506,6 +521,13 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         paths::shown(&d.files.image_dirs).join(", "),
         d.files.block_devices.len()
     ));
+    if d.jail.is_none() {
+        let msg = "VMMs run WITHOUT their jail (--no-jail): each runs as root with every \
+                   capability, in the host's namespaces and root, so a guest that takes over \
+                   its VMM owns the host: every other domain's disks, the daemon's state";
+        tracing::warn!("{msg}");
+        d.log(msg);
+    }
     if !d.seccomp {
         let msg = "VMMs run WITHOUT their seccomp filter (--no-seccomp): a guest that takes \
                    over its VMM can make any system call";

@@ -2,9 +2,8 @@
 //! control, create (and the VMM's start), destroy, rename, pause and the
 //! power button.
 
-use std::os::unix::process::CommandExt;
+use domus_jail::Job;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use domus_api::client::VmmClient;
@@ -69,7 +68,9 @@ impl Daemon {
                             paused: info
                                 .as_ref()
                                 .is_some_and(|i| i.state == DomainState::Paused),
-                            vcpu_tids: info.map(|i| i.vcpu_tids).unwrap_or_default(),
+                            vcpu_tids: info
+                                .map(|i| crate::jail::host_tids(r.pid.unwrap_or(0), &i.vcpu_tids))
+                                .unwrap_or_default(),
                             // Checked after it is made: the pid may have
                             // been reused since the alive() above.
                             pidfd: r
@@ -293,7 +294,9 @@ impl Daemon {
             seccomp: self.seccomp,
             api_socket: Some(api.clone()),
             exit_file: Some(dir.join("exit")),
+            jail: self.jail_spec(r, &dir)?,
         };
+        let owner = spec.jail.as_ref().map(|j| (j.uid, j.gid));
         // A restart finds the taps of the VMM that ended (hot-plugged ones
         // too): start afresh.
         for t in self.taps(r.id) {
@@ -303,7 +306,7 @@ impl Daemon {
             let tap = self.tap_name(r.id, i);
             self.host
                 .taps
-                .add(&tap, v.bridge.as_deref())
+                .add(&tap, v.bridge.as_deref(), owner)
                 .map_err(crate::network::tap_error)?;
             spec.nets.push(net_spec(tap, v, v.mac.clone()));
         }
@@ -313,40 +316,28 @@ impl Daemon {
             msg: format!("writing its VM spec: {e}"),
         })?;
         std::fs::write(&spec_file, text)?;
-        let mut cmd = Command::new(&self.domus);
-        cmd.arg("run").arg("--config").arg(&spec_file);
         // A restart keeps the last run's logs, as vmm.log.1 and console.log.1.
         let _ = std::fs::remove_file(dir.join("exit"));
         for f in ["vmm.log", "console.log"] {
             let _ = std::fs::rename(dir.join(f), dir.join(format!("{f}.1")));
         }
         let log = std::fs::File::create(dir.join("vmm.log"))?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log));
         let procs = match &self.host.groups {
             Some(groups) => Some(groups.create(&self.cgroup_name(r.id), &limits(c))?),
             None => None,
         };
-        let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
-        // SAFETY: the closure runs in the child between fork and exec and
-        // only makes async-signal-safe calls (setsid, write, and the raw
-        // system calls of `confine`) on memory and descriptors that exist
-        // before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::setsid();
-                if let Some(fd) = procs_fd {
-                    // "0": the writing process itself joins the group.
-                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                confine()
-            });
-        }
-        let mut child = self.host.launcher.launch(&mut cmd, &spec)?;
-        drop(procs);
+        // `domus run` in a new session, its cgroup, no_new_privs, no core
+        // dumps, no descriptor of ours; jailed, in namespaces of its own.
+        let job = Job {
+            program: self.domus.clone(),
+            args: vec!["run".into(), "--config".into(), spec_file.into()],
+            stdout: log.try_clone()?.into(),
+            stderr: log.into(),
+            cgroup_procs: procs.map(Into::into),
+            namespaces: spec.jail.is_some(),
+            max_files: VMM_FILES,
+        };
+        let mut child = self.host.launcher.launch(job, &spec)?;
         let pid = i64::from(child.id());
         let st = start_time(pid).unwrap_or(0);
         // The row has the pid (a destroy or a new daemon finds the VMM by
@@ -393,7 +384,7 @@ impl Daemon {
             r.id,
             Live {
                 child: Some(child),
-                vcpu_tids: info.vcpu_tids,
+                vcpu_tids: crate::jail::host_tids(pid, &info.vcpu_tids),
                 pidfd: watch::pidfd(pid),
                 ..Live::default()
             },
@@ -587,45 +578,8 @@ fn keep_mib(r: &db::Row) -> u64 {
         .unwrap_or(r.config.memory_mib)
 }
 
-/// What the VMM is denied before it runs, in the child between fork and
-/// exec (async-signal-safe system calls only): it can never gain privileges
-/// (no set-uid binary or file capability takes effect, which seccomp filters
-/// also need), inherits no descriptor of the daemon's (each is closed at
-/// exec; the standard streams were set up already), dumps no core (the
-/// guest's memory), and holds at most [`VMM_FILES`] descriptors.
-fn confine() -> std::io::Result<()> {
-    let check = |r: libc::c_long| {
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
-    // SAFETY: prctl(2) with integer arguments; it changes only this process.
-    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }.into())?;
-    // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only marks this
-    // process's descriptors from 3 up close-on-exec.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    })?;
-    for (resource, n) in [(libc::RLIMIT_CORE, 0), (libc::RLIMIT_NOFILE, VMM_FILES)] {
-        let lim = libc::rlimit {
-            rlim_cur: n,
-            rlim_max: n,
-        };
-        // SAFETY: setrlimit(2) reads `lim`, which lives on this stack.
-        check(unsafe { libc::setrlimit(resource, &lim) }.into())?;
-    }
-    Ok(())
-}
-
 /// The most descriptors a VMM may hold (disks, taps, eventfds, sockets).
-const VMM_FILES: libc::rlim_t = 4096;
+const VMM_FILES: u64 = 4096;
 
 #[cfg(test)]
 mod tests {

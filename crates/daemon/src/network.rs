@@ -25,10 +25,16 @@ fn ip(args: &[&str]) -> std::io::Result<()> {
 /// The host's side of the domains' interfaces, so the daemon's tests can
 /// stand in for the host's network ([`IpTaps`] is the real one).
 pub trait Taps: Send + Sync {
-    /// Makes tap `name`, on `bridge` when one is given, and sets it up; a
-    /// failure leaves no tap. A bridge that does not exist is an error of
+    /// Makes tap `name`, on `bridge` when one is given, owned by `owner`
+    /// (user and group) when one is given, and sets it up; a failure
+    /// leaves no tap. A bridge that does not exist is an error of
     /// kind `InvalidInput` (the user's, see [`tap_error`]).
-    fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()>;
+    fn add(
+        &self,
+        name: &str,
+        bridge: Option<&str>,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<()>;
     /// Removes tap `name`.
     fn remove(&self, name: &str) -> std::io::Result<()>;
     /// The taps whose names are `prefix` and then digits, sorted.
@@ -39,7 +45,12 @@ pub trait Taps: Send + Sync {
 pub struct IpTaps;
 
 impl Taps for IpTaps {
-    fn add(&self, name: &str, bridge: Option<&str>) -> std::io::Result<()> {
+    fn add(
+        &self,
+        name: &str,
+        bridge: Option<&str>,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<()> {
         if let Some(br) = bridge {
             let sys = std::path::Path::new("/sys/class/net").join(br);
             if br.contains('/') || !sys.join("bridge").is_dir() {
@@ -49,7 +60,21 @@ impl Taps for IpTaps {
                 ));
             }
         }
-        ip(&["tuntap", "add", "dev", name, "mode", "tap"])?;
+        match owner {
+            Some((u, g)) => ip(&[
+                "tuntap",
+                "add",
+                "dev",
+                name,
+                "mode",
+                "tap",
+                "user",
+                &u.to_string(),
+                "group",
+                &g.to_string(),
+            ])?,
+            None => ip(&["tuntap", "add", "dev", name, "mode", "tap"])?,
+        }
         let set_up = || {
             if let Some(br) = bridge {
                 ip(&["link", "set", name, "master", br])?;
@@ -123,9 +148,12 @@ impl Daemon {
                 state: r.state,
             });
         }
+        // A jailed VMM, no longer root, may open only a tap that is its
+        // user's.
+        let owner = self.running_jail(&r).map(|j| (j.uid, j.gid));
         self.host
             .taps
-            .add(&tap, vif.bridge.as_deref())
+            .add(&tap, vif.bridge.as_deref(), owner)
             .map_err(tap_error)?;
         let made = (|| -> Result<DeviceInfo> {
             let net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));

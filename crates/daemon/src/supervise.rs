@@ -5,7 +5,7 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use domus_api::daemon::State;
@@ -18,7 +18,7 @@ use crate::{db, domain_dir, lock, Daemon, Result};
 /// What the daemon knows about a running domain beyond its row.
 #[derive(Default)]
 pub(crate) struct Live {
-    pub(crate) child: Option<Child>,
+    pub(crate) child: Option<domus_jail::Process>,
     pub(crate) restart_at: Option<Instant>,
     /// A shutdown or reboot asked of the guest (the power button pressed)
     /// that has not happened yet.

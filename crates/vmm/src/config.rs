@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use domus_api::spec::{Checked, DiskSpec, NetSpec, VmSpec};
+use domus_api::spec::{Checked, DiskSpec, JailSpec, NetSpec, VmSpec};
 use domus_api::vmm::RateLimit;
 use domus_boot::layout::MIN_MEMORY;
 use domus_virtio::block::DiskConfig;
@@ -48,6 +48,8 @@ pub struct VmConfig {
     pub api_socket: Option<PathBuf>,
     /// The domain's name (shown by the API).
     pub name: String,
+    /// The jail entered once the domain is set up ([`domus_jail::enter`]).
+    pub jail: Option<JailSpec>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -96,6 +98,7 @@ pub fn disk_config(d: &DiskSpec) -> DiskConfig {
         read_only: d.read_only,
         id: d.id.clone(),
         limits: limits(&d.rate_limit),
+        passed: d.passed,
     }
 }
 
@@ -155,6 +158,9 @@ impl VmConfig {
         for n in &s.nets {
             n.check().map_err(|e| format!("interface {}: {e}", n.tap))?;
         }
+        if let Some(j) = &s.jail {
+            j.check().map_err(|e| format!("jail: {e}"))?;
+        }
         let memory = s
             .memory_mib
             .checked_mul(1 << 20)
@@ -187,6 +193,7 @@ impl VmConfig {
             seccomp: s.seccomp,
             api_socket: s.api_socket.clone(),
             name: s.name.clone(),
+            jail: s.jail.clone(),
         })
     }
 
@@ -236,6 +243,7 @@ mod tests {
             seccomp: false,
             prefault: false,
             api_socket: None,
+            jail: None,
             name: "t".into(),
         }
     }

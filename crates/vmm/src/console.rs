@@ -32,30 +32,51 @@ impl Write for FdOut {
 pub const CONSOLE_FILE_LIMIT: u64 = 16 << 20;
 
 /// A console file that is rotated at a size: when the next write would take
-/// it past `limit`, `PATH` becomes `PATH.1` (the older `PATH.1` is dropped)
-/// and a new `PATH` is started.
+/// it past `limit`, what `PATH` holds is copied over `PATH.1` (the older
+/// `PATH.1` is dropped, offsets are kept) and `PATH` starts again empty.
+/// Both are opened at the start and rotated through their descriptors, so
+/// a jailed VMM, which can no longer reach them by name, rotates too.
 struct RotatingFile {
-    path: std::path::PathBuf,
     file: File,
+    older: File,
     written: u64,
     limit: u64,
 }
 
 impl RotatingFile {
     fn create(path: &std::path::Path, limit: u64) -> std::io::Result<Self> {
+        let mut older = path.to_path_buf().into_os_string();
+        older.push(".1");
+        let mut open = std::fs::OpenOptions::new();
+        open.read(true).create(true);
         Ok(Self {
-            path: path.to_path_buf(),
-            file: File::create(path)?,
+            // Appending: after a rotation empties it, writes start at 0.
+            file: open.clone().append(true).open(path).and_then(|f| {
+                f.set_len(0)?;
+                Ok(f)
+            })?,
+            // Kept until the first rotation: a restarted domain's
+            // supervisor keeps the last run's log there.
+            older: open.write(true).truncate(false).open(older)?,
             written: 0,
             limit,
         })
     }
 
     fn rotate(&mut self) -> std::io::Result<()> {
-        let mut old = self.path.clone().into_os_string();
-        old.push(".1");
-        std::fs::rename(&self.path, old)?;
-        self.file = File::create(&self.path)?;
+        use std::os::unix::fs::FileExt;
+        self.older.set_len(0)?;
+        let mut buf = vec![0u8; 64 << 10];
+        let mut at = 0;
+        while at < self.written {
+            let n = self.file.read_at(&mut buf, at)?;
+            if n == 0 {
+                break;
+            }
+            self.older.write_all_at(&buf[..n], at)?;
+            at += n as u64;
+        }
+        self.file.set_len(0)?;
         self.written = 0;
         Ok(())
     }

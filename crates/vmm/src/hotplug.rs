@@ -21,15 +21,35 @@ use domus_virtio::pci::{vectors_for, VirtioPci, BAR_SIZE};
 use domus_virtio::{Hypervisor, Memory, VirtioDevice};
 
 use crate::irq::KvmIrqs;
+use domus_jail::fdpass::Inbox;
+
+/// How long a plug waits for the descriptor its request names.
+const PASSED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::registry::{self, Plug};
 use crate::{Error, Result};
 
 /// A disk's device and its API entry (`id` is its name, vda, vdb, ...).
+/// A disk whose descriptor was passed (`d.passed`) is taken from `inbox`.
 pub fn disk_device(
     d: &DiskConfig,
     id: String,
+    inbox: Option<&Inbox>,
 ) -> Result<(Box<dyn VirtioDevice>, registry::Device)> {
-    let b = Block::open(d)?;
+    let b = match (d.passed, inbox) {
+        (None, _) => Block::open(d)?,
+        (Some(tag), Some(inbox)) => {
+            let fd = inbox
+                .take(tag, PASSED_WAIT)
+                .ok_or_else(|| Error::Devices(format!("disk {}: no descriptor was passed with tag {tag}", d.path.display())))?;
+            Block::with_file(d, fd.into())?
+        }
+        (Some(_), None) => {
+            return Err(Error::Devices(format!(
+                "disk {}: a passed descriptor, but this VMM has no descriptor socket (JailSpec fd_socket)",
+                d.path.display()
+            )))
+        }
+    };
     let (disk, limiter) = b.handles();
     let info = serde_json::json!({
         "path": d.path.display().to_string(),
@@ -98,13 +118,15 @@ pub struct VmHotplug {
     pub ports: Arc<PciHotplug>,
     /// Serialises plugs, so a free slot found is still free when taken.
     pub plugging: Mutex<()>,
+    /// Descriptors the supervisor passes a jailed VMM (hot-plugged disks).
+    pub inbox: Option<Arc<Inbox>>,
 }
 
 impl registry::Hotplug for VmHotplug {
     fn plug(&self, id: String, what: &Plug) -> std::result::Result<registry::Device, String> {
         let _one = lock(&self.plugging);
         let (dev, mut entry) = match what {
-            Plug::Disk(d) => disk_device(d, id.clone()),
+            Plug::Disk(d) => disk_device(d, id.clone(), self.inbox.as_deref()),
             Plug::Net(n) => net_device(n, id.clone()),
         }
         .map_err(|e| e.to_string())?;

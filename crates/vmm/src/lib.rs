@@ -58,6 +58,8 @@ pub enum Error {
     },
     #[error("{0}")]
     Seccomp(#[from] seccomp::SeccompError),
+    #[error("{0}")]
+    Jail(#[from] domus_jail::JailError),
     #[error("writing boot data into guest memory")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
     #[error("console {path}")]

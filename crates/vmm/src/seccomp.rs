@@ -30,8 +30,9 @@ pub enum SeccompError {
 /// API socket (accept, per-connection threads), hot-plug (opening and
 /// locking a disk, opening a tap), pausing and pinning vCPUs (tgkill,
 /// sched_setaffinity), device threads and their stacks, rate-limit timers,
-/// signals, removing the API socket and writing the exit file (written,
-/// then renamed into place) at the end.
+/// signals, rotating the console file (copied and truncated through its
+/// descriptors), receiving passed descriptors (recvmsg), removing the API
+/// socket and writing the exit file at the end.
 /// Not in it: what only setting up does (execve, socket, bind, listen,
 /// chmod, prlimit64), and anything that reaches beyond the process (no
 /// connect, no new sockets, no ptrace, mount or module loading).
@@ -55,6 +56,7 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_flock,
     libc::SYS_fstat,
     libc::SYS_fsync,
+    libc::SYS_ftruncate,
     libc::SYS_futex,
     libc::SYS_getpid,
     libc::SYS_getrandom,
@@ -80,7 +82,6 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_readv,
     libc::SYS_recvfrom,
     libc::SYS_recvmsg,
-    libc::SYS_rename,
     libc::SYS_restart_syscall,
     libc::SYS_rseq,
     libc::SYS_rt_sigaction,

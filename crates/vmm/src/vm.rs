@@ -196,7 +196,7 @@ fn virtio_devices(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>) -> Result<Devices>
     let mut devices: Vec<(Box<dyn VirtioDevice>, registry::Device)> = Vec::new();
     let mut balloon = None;
     for (i, d) in cfg.disks.iter().enumerate() {
-        devices.push(hotplug::disk_device(d, disk_name(i))?);
+        devices.push(hotplug::disk_device(d, disk_name(i), None)?);
     }
     for (i, n) in cfg.nets.iter().enumerate() {
         devices.push(hotplug::net_device(n, format!("net{i}"))?);
@@ -326,6 +326,18 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         })?),
         None => None,
     };
+    // Bound now, served once jailed: the supervisor passes descriptors of
+    // files the jailed VMM can no longer open.
+    let fd_listener = match cfg.jail.as_ref().and_then(|j| j.fd_socket.as_ref()) {
+        Some(path) => Some(domus_http::bind(path).map_err(|e| {
+            Error::Config(ConfigError::File {
+                what: "descriptor socket",
+                path: path.display().to_string(),
+                reason: io_reason(&e),
+            })
+        })?),
+        None => None,
+    };
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     cfg.validate(max_vcpus(&kvm), host_mem)?;
 
@@ -408,6 +420,23 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             );
         }
     }
+    // Everything is open: from here on the VMM holds descriptors, not
+    // names, as an unprivileged user in a root of its own (one thread yet,
+    // as the jail needs).
+    if let Some(jail) = &cfg.jail {
+        let e = domus_jail::enter(jail)?;
+        eprintln!(
+            "domus: jailed as uid {} gid {}: a root of its own, no capabilities, Landlock {}",
+            jail.uid, jail.gid, e.landlock
+        );
+    }
+    let inbox = match fd_listener {
+        Some(l) => Some(
+            domus_jail::fdpass::Inbox::serve(l)
+                .map_err(|e| Error::Io("starting the descriptor thread", e))?,
+        ),
+        None => None,
+    };
     // From here on, every thread (and every one made later) may make only
     // the system calls a running VMM needs.
     if cfg.seccomp {
@@ -440,6 +469,7 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
                 mem: mem.clone(),
                 ports,
                 plugging: Mutex::new(()),
+                inbox,
             })),
         };
         domus_http::spawn_server("api", listener, Arc::new(move |r| domain.handle(r)))

@@ -102,6 +102,18 @@ pub struct DaemonArgs {
     /// system call. The daemon's log says so.
     #[arg(long)]
     pub no_seccomp: bool,
+    /// Start VMMs without their jail (for debugging): each then runs as
+    /// root with every capability, in the host's namespaces and root
+    /// directory, so a guest that takes over its VMM owns the host. The
+    /// daemon's log says so.
+    #[arg(long)]
+    pub no_jail: bool,
+    /// The first user and group id of the jails: domain N's VMM runs as
+    /// user and group FIRST + N. Keep the range (FIRST up to FIRST plus the
+    /// number of domains ever created) free of other users.
+    #[arg(long, value_name = "FIRST", default_value_t = domus_daemon::JAIL_ID_BASE,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub jail_ids: u32,
     /// Also serve the API over TLS on TCP at this host:port (requests need
     /// `Authorization: Bearer TOKEN`; the CLI reaches it through
     /// DOMUS_DAEMON_TCP, DOMUS_TLS_FINGERPRINT or DOMUS_TLS_CA, and
@@ -221,6 +233,7 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
             reserve_mib: a.host_reserve,
             files: domus_daemon::paths::Files::new(image_dirs, a.block_device),
             seccomp: !a.no_seccomp,
+            jail: (!a.no_jail).then_some(a.jail_ids),
         },
         tcp,
         no_cgroups: a.no_cgroups,

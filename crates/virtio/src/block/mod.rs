@@ -55,6 +55,9 @@ pub struct DiskConfig {
     pub read_only: bool,
     pub id: Option<String>,
     pub limits: Limits,
+    /// The tag of a descriptor the supervisor passed for `path` (a jailed
+    /// VMM cannot open it): see [`Block::with_file`].
+    pub passed: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,15 +95,21 @@ impl Block {
     /// read-only disks, exclusive otherwise, so two domains never write
     /// one image.
     pub fn open(cfg: &DiskConfig) -> Result<Self, OpenError> {
-        let path = cfg.path.display().to_string();
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(!cfg.read_only)
             .open(&cfg.path)
             .map_err(|e| OpenError::Open {
-                path: path.clone(),
+                path: cfg.path.display().to_string(),
                 reason: e.to_string(),
             })?;
+        Self::with_file(cfg, file)
+    }
+
+    /// The disk on `file`, opened by the caller as `cfg` asks (a jailed
+    /// VMM is handed the descriptor), locked as [`Block::open`] does.
+    pub fn with_file(cfg: &DiskConfig, mut file: std::fs::File) -> Result<Self, OpenError> {
+        let path = cfg.path.display().to_string();
         let op = if cfg.read_only {
             libc::LOCK_SH
         } else {

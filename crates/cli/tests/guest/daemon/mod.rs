@@ -3,6 +3,7 @@
 
 mod control;
 mod devices;
+mod jail;
 mod lifecycle;
 mod scheduling;
 

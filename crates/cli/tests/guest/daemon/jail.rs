@@ -1,0 +1,86 @@
+//! The jail every VMM the daemon starts runs in (domus-jail).
+
+use super::*;
+
+/// A field of /proc/PID/status, split at whitespace.
+fn status_field(status: &str, key: &str) -> Vec<String> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn daemon_vmms_are_jailed() {
+    let dir = scratch("jail");
+    let state = dir.join("state");
+    let _daemon = start_daemon(&state);
+    // Two domains, each with a disk of its own.
+    for name in ["ja", "jb"] {
+        let img = dir.join(format!("{name}.img"));
+        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+        let disk = format!("disk = ['{},raw,xvda,rw']", img.display());
+        let cfg = domain_config(&dir, name, 64, "-- sleep 600", &disk);
+        let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+        assert!(ok, "{out}{err}");
+    }
+    let (a, b) = (find(&state, "ja").unwrap(), find(&state, "jb").unwrap());
+    let status =
+        |d: &Domain| std::fs::read_to_string(format!("/proc/{}/status", d.pid.unwrap())).unwrap();
+    let (sa, sb) = (status(&a), status(&b));
+    for key in ["Uid:", "Gid:"] {
+        let ids = status_field(&sa, key);
+        assert!(
+            ids.len() == 4 && ids.iter().all(|i| i == &ids[0] && i != "0"),
+            "{key} {sa}"
+        );
+        // Each domain is a user of its own.
+        assert_ne!(ids, status_field(&sb, key), "{key}");
+    }
+    for key in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(status_field(&sa, key), ["0000000000000000"], "{key} {sa}");
+    }
+    assert_eq!(status_field(&sa, "NoNewPrivs:"), ["1"], "{sa}");
+    assert_eq!(status_field(&sa, "Seccomp:"), ["2"], "{sa}");
+    // PID 1 of a PID namespace of its own.
+    assert_eq!(
+        status_field(&sa, "NSpid:").last().map(String::as_str),
+        Some("1"),
+        "{sa}"
+    );
+
+    // Its root, as its mount namespace shows it: the device node it may
+    // still open, and nothing of the host's: not the other domain's disk,
+    // nor its own, nor the daemon's state.
+    let root = |p: &std::path::Path| {
+        PathBuf::from(format!("/proc/{}/root{}", a.pid.unwrap(), p.display()))
+    };
+    assert!(root(std::path::Path::new("/dev/net/tun")).exists());
+    for p in [
+        dir.join("jb.img"),
+        dir.join("ja.img"),
+        state.clone(),
+        state.join("domusd.sock"),
+        "/etc/shadow".into(),
+        "/proc/1".into(),
+    ] {
+        assert!(!root(&p).exists(), "{} is in the jail", p.display());
+    }
+    let log = std::fs::read_to_string(state.join(format!("domains/{}/vmm.log", a.id))).unwrap();
+    assert!(log.contains("jailed as uid"), "{log}");
+    eprintln!("{}", log.trim());
+
+    // The vCPU threads the daemon shows are the host's, though the VMM
+    // numbers them in its own namespace.
+    assert!(!a.vcpu_tids.is_empty());
+    for t in &a.vcpu_tids {
+        let task = format!("/proc/{}/task/{t}/comm", a.pid.unwrap());
+        let comm = std::fs::read_to_string(&task).unwrap_or_default();
+        assert!(comm.starts_with("vcpu"), "{task}: {comm:?}");
+    }
+    for name in ["ja", "jb"] {
+        let (ok, out, err) = domus_cli(&state, &["destroy", name]);
+        assert!(ok, "{out}{err}");
+    }
+}
