@@ -2,14 +2,18 @@
 """bench/boot: time to the guest's init and VMM memory overhead, Domus vs QEMU.
 
 Boots the kit's kernel and initramfs with the same memory and vCPUs under
-`domus run`, QEMU `-M microvm` and QEMU `-M pc` (all `-accel kvm`), N runs
-each, interleaved, in one session on one host. For each run:
+`domus run --seccomp` (as the daemon runs VMMs with --no-jail), `domus run
+--seccomp --jail` (as the daemon runs them by default), QEMU `-M microvm` and
+QEMU `-M pc` (all `-accel kvm`), N runs each, interleaved, in one session on
+one host. For each run:
 
   * boot_ms: from process start to the guest init's first line on the serial
     console ("domus-init: start");
   * overhead_kib: the VMM's RSS minus the RSS of the guest RAM mapping (the
     anonymous mapping the size of guest memory), from /proc/PID/smaps, read
-    right after that line.
+    right after that line. Jailed, the VMM is the child `domus run --jail`
+    starts in new namespaces (the daemon starts it directly); that one is
+    measured.
 
 Run it with tools/bench-boot (which builds, makes the kit and goes through
 tools/kvm-host). Writes results.json and results.md next to this file.
@@ -44,10 +48,12 @@ def commands(k):
             "-smp", str(VCPUS), "-nodefaults", "-no-user-config", "-display", "none",
             "-serial", "stdio", "-no-reboot", "-kernel", k["kernel"], "-initrd", k["initrd"],
             "-append", CMDLINE]
+    domus = [os.path.join(REPO, "target/release/domus"), "run", "--seccomp", "--kernel", k["kernel"],
+             "--initrd", k["initrd"], "--memory", f"{MEMORY_MIB}M", "--vcpus", str(VCPUS),
+             "--cmdline", CMDLINE]
     return {
-        "domus": [os.path.join(REPO, "target/release/domus"), "run", "--kernel", k["kernel"],
-                  "--initrd", k["initrd"], "--memory", f"{MEMORY_MIB}M", "--vcpus", str(VCPUS),
-                  "--cmdline", CMDLINE],
+        "domus": domus,
+        "domus-jail": domus[:2] + ["--jail", "4000100"] + domus[2:],
         "qemu-microvm": qemu[:1] + ["-M", "microvm"] + qemu[1:],
         "qemu-pc": qemu[:1] + ["-M", "pc"] + qemu[1:],
     }
@@ -73,6 +79,14 @@ def smaps_overhead_kib(pid, guest_bytes):
     return total - guest, guest
 
 
+def vmm_pid(pid, jailed):
+    """The VMM's pid: `domus run --jail`'s child, else the process itself."""
+    if not jailed:
+        return pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return int(f.read().split()[0])
+
+
 def one_run(cmd):
     start = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -86,7 +100,7 @@ def one_run(cmd):
         buf += chunk
         if boot_ms is None and MARKER in buf:
             boot_ms = (time.monotonic() - start) * 1000
-            overhead, guest_rss = smaps_overhead_kib(p.pid, MEMORY_MIB << 20)
+            overhead, guest_rss = smaps_overhead_kib(vmm_pid(p.pid, "--jail" in cmd), MEMORY_MIB << 20)
     code = p.wait()
     if boot_ms is None or code != 0:
         raise SystemExit(f"bench: {cmd[0]} failed (exit {code}); output:\n{buf.decode(errors='replace')[-2000:]}")
@@ -148,6 +162,12 @@ def main():
     for n, m in med.items():
         ratio = "1.000" if n == "domus" else f"{ratios[f'domus/{n}']:.3f}"
         lines.append(f"| {n} | {m['boot_ms']:.1f} | {ratio} | {m['overhead_mib']:.2f} |")
+    j = med.get("domus-jail")
+    if j:
+        lines += ["", f"The jail's cost: domus-jail / domus boot time {j['boot_ms'] / d:.3f}, "
+                  f"overhead {j['overhead_mib']:.2f} vs {med['domus']['overhead_mib']:.2f} MiB "
+                  "(both with the seccomp filter; the jailed VMM measured, not the `domus run --jail` "
+                  "process that waits for it)."]
     lines += ["", "Overhead: VMM RSS minus the RSS of the guest RAM mapping, from /proc/PID/smaps,",
               "read when the guest's init prints its first line. Absolute times on a nested host",
               "are noise; compare the ratios.", ""]

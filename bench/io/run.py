@@ -123,8 +123,11 @@ def guest_b_cmd(helper_size):
 
 def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
     """disks: [(path, read_only)]; domus: the Domus binary to run."""
-    if vmm == "domus":
-        c = [domus, "run", "--kernel", k["kernel"], "--initrd", k["initrd"],
+    if vmm.startswith("domus"):
+        # As the daemon runs its VMMs: under the seccomp filter, and jailed
+        # unless it has --no-jail.
+        jail = ["--jail", "4000200"] if vmm == "domus-jail" else []
+        c = [domus, "run", "--seccomp", *jail, "--kernel", k["kernel"], "--initrd", k["initrd"],
              "--memory", f"{MEMORY_MIB}M", "--vcpus", "1", "--cmdline", cl,
              "--net", f"tap={tap},mac={mac}"]
         for path, ro in disks:
@@ -276,7 +279,8 @@ def med(xs):
 
 
 def one_full_round(out_path):
-    """Native, Domus and QEMU once; writes {"native": .., "domus": .., "qemu": ..}."""
+    """Native, Domus (jailed and not) and QEMU once; writes {"native": .., "domus": ..,
+    "domus-jail": .., "qemu": ..}."""
     k = kit()
     work = tempfile.mkdtemp(prefix="domus-bench-io-")
     root = os.path.join(work, "root.img")
@@ -294,9 +298,9 @@ def one_full_round(out_path):
         res = {"native": native(data)}
         # Alternate which VMM goes first, so neither always runs on a
         # fresher host (ROUND is the round's number, from tools/bench-io).
-        order = ["domus", "qemu"]
-        if int(os.environ.get("ROUND", "1")) % 2 == 0:
-            order.reverse()
+        order = ["domus", "domus-jail", "qemu"]
+        turn = int(os.environ.get("ROUND", "1")) % len(order)
+        order = order[turn:] + order[:turn]
         for vmm in order:
             res[vmm] = one_round(vmm, k, root, data, helper_img, helper_size)
     finally:
@@ -318,7 +322,9 @@ def main():
     for p in sys.argv[3:]:
         with open(p) as f:
             rounds.append(json.load(f))
-    results = {n: [r[n] for r in rounds] for n in ("native", "domus", "qemu")}
+    names = [n for n in ("native", "domus", "domus-jail", "qemu") if all(n in r for r in rounds)]
+    results = {n: [r[n] for r in rounds] for n in names}
+    jailed = "domus-jail" in results
     global RUNS
     RUNS = len(rounds)
     median = {n: {key: med(x[key] for x in runs) for key in KEYS} for n, runs in results.items()}
@@ -345,7 +351,9 @@ def main():
         "runs": results,
         "median": median,
         "ratios": {key: {"domus_vs_qemu": ratio(median["domus"][key], median["qemu"][key]),
-                         "domus_vs_native": ratio(median["domus"][key], median["native"][key])}
+                         "domus_vs_native": ratio(median["domus"][key], median["native"][key]),
+                         "jail_vs_no_jail": ratio(median["domus-jail"][key], median["domus"][key])
+                         if jailed else None}
                    for key in KEYS},
     }
     with open(os.path.join(HERE, "results.json"), "w") as f:
@@ -363,14 +371,16 @@ def main():
         f"medians of {RUNS} rounds; block tests {SECONDS} s each on a {DATA_MIB} MiB data "
         f"disk, network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",
         "",
-        "| test | native | Domus | QEMU | Domus/QEMU | Domus/native |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| test | native | Domus | Domus jailed | QEMU | Domus/QEMU | Domus/native | jailed/Domus |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for key in KEYS:
         r = doc["ratios"][key]
+        j = median["domus-jail"][key] if jailed else None
         lines.append(f"| {LABELS[key]} | {fmt(median['native'][key])} | "
-                     f"{fmt(median['domus'][key])} | {fmt(median['qemu'][key])} | "
-                     f"{fmt(r['domus_vs_qemu'], 2)} | {fmt(r['domus_vs_native'], 2)} |")
+                     f"{fmt(median['domus'][key])} | {fmt(j)} | {fmt(median['qemu'][key])} | "
+                     f"{fmt(r['domus_vs_qemu'], 2)} | {fmt(r['domus_vs_native'], 2)} | "
+                     f"{fmt(r['jail_vs_no_jail'], 2)} |")
     lines += [
         "",
         "Guests use O_DIRECT on /dev/vdb; the image lives on the host's tmpfs, where "
@@ -378,7 +388,8 @@ def main():
                           "not available, so native block numbers are page-cache copies") + ".",
         "Native TCP is loopback on the host (both TCP rows); there is no native vsock row.",
         "Both VMMs use a userspace virtio-net backend on the same taps and bridge, and "
-        "vhost-vsock.",
+        "vhost-vsock. Domus runs under its seccomp filter; \"Domus jailed\" also in its jail "
+        "(`domus run --jail`, as `domus daemon` runs VMMs by default).",
         f"Each round runs in a fresh nested host; {retried} attempt(s) failed or stalled "
         "(see README, known issues) and were run again.",
         "",

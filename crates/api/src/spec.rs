@@ -177,6 +177,12 @@ pub struct NetSpec {
     /// Bytes and packets per second, both directions together.
     #[serde(default)]
     pub rate_limit: RateLimit,
+    /// For a jailed VMM, which cannot open /dev/net/tun: the supervisor
+    /// opened it and passed the descriptor on the VMM's descriptor socket
+    /// (`JailSpec::fd_socket`) with this tag; the tap must be the jail's
+    /// user's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<u64>,
 }
 
 impl Checked for NetSpec {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod jailed;
 mod xl;
 
 use clap::{Parser, Subcommand};
@@ -193,6 +194,13 @@ struct RunArgs {
     /// The domain's name, as the API reports it.
     #[arg(long, value_name = "NAME", default_value = "domain")]
     name: String,
+    /// Jail the VMM as domus daemon does (needs root): in new mount, PID,
+    /// IPC and UTS namespaces, and once the domain is set up, before the
+    /// guest runs, in a root of its own holding only /dev/net/tun, as user
+    /// UID and group GID (default: UID) with no capabilities, limits on
+    /// files, threads and file size, and Landlock. Give it --seccomp too.
+    #[arg(long, value_name = "UID[:GID]", value_parser = jailed::parse_ids)]
+    jail: Option<(u32, u32)>,
     /// On exit, write the exit status and its reason here ("3 the guest
     /// reset ..."), for a supervisor that is not this process's parent and
     /// so cannot wait for it (domus daemon, after a restart).
@@ -243,7 +251,22 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    let Some((cfg, exit_file)) = run_spec(args)
+    let jail = args.jail;
+    let spec = match (run_spec(args), jail) {
+        (Ok(mut s), Some(ids)) => match jailed::child_jail(&s, ids) {
+            Some(j) => {
+                s.jail = Some(j);
+                Ok(s)
+            }
+            // Checked here first, then started again in namespaces.
+            None => match VmConfig::from_spec(&s) {
+                Ok(_) => return jailed::respawn(),
+                Err(e) => Err(e),
+            },
+        },
+        (s, _) => s,
+    };
+    let Some((cfg, exit_file)) = spec
         .and_then(|s| VmConfig::from_spec(&s).map(|c| (c, s.exit_file)))
         .map_err(|e| eprintln!("domus: {e}"))
         .ok()

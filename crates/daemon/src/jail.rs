@@ -4,30 +4,11 @@
 //! daemon opens and passes as descriptors.
 
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use domus_api::spec::{JailSpec, VmSpec};
 
 use crate::{db, domain_dir, Daemon, Error, Result};
-
-/// The threads (and processes) a jailed VMM's user may have: vCPUs,
-/// device threads, the block I/O pools, API connections.
-const JAIL_THREADS: u64 = 1024;
-
-/// The smallest file-size limit a jailed VMM gets (bytes).
-const MIN_FILE_LIMIT: u64 = 1 << 30;
-
-/// A jailed VMM's file-size limit (RLIMIT_FSIZE) for a largest disk of
-/// `largest` bytes: that, rounded up to a GiB, 1 GiB at least. It writes
-/// only through descriptors it was given: the limit stops a VMM taken over
-/// by its guest from growing a disk image past its size, or its console
-/// file, until the host's disk is full.
-pub(crate) fn file_limit(largest: u64) -> u64 {
-    largest
-        .max(MIN_FILE_LIMIT)
-        .checked_next_multiple_of(MIN_FILE_LIMIT)
-        .unwrap_or(u64::MAX)
-}
 
 /// The size of a disk file (0 for a block device, which the limit does not
 /// apply to, or one that cannot be read).
@@ -40,9 +21,8 @@ fn file_size(p: &Path) -> u64 {
 
 impl Daemon {
     /// The jail of domain `r`'s VMM, if VMMs are jailed: user and group
-    /// `jail + id`, a root on `dir/root`, /dev/net/tun for interface
-    /// hot-plug, the file-size limit of its largest disk, a descriptor
-    /// socket for disk hot-plug.
+    /// `jail + id`, an empty root on `dir/root`, the file-size limit of its
+    /// largest disk, a descriptor socket for hot-plug.
     pub(crate) fn jail_spec(&self, r: &db::Row, dir: &Path) -> Result<Option<JailSpec>> {
         let Some(base) = self.jail else {
             return Ok(None);
@@ -64,13 +44,11 @@ impl Daemon {
             root,
             uid: id,
             gid: id,
-            devices: [Path::new("/dev/net/tun")]
-                .into_iter()
-                .filter(|p| p.exists())
-                .map(PathBuf::from)
-                .collect(),
-            max_file_bytes: file_limit(largest.unwrap_or(0)),
-            max_threads: JAIL_THREADS,
+            // Nothing to open by name: what it needs later (hot-plugged
+            // disks, /dev/net/tun for interfaces) is passed in.
+            devices: Vec::new(),
+            max_file_bytes: domus_jail::file_limit(largest.unwrap_or(0)),
+            max_threads: domus_jail::MAX_THREADS,
             fd_socket: Some(dir.join("fd.sock")),
         }))
     }
@@ -105,11 +83,23 @@ impl Daemon {
                 jail.max_file_bytes
             )));
         }
+        self.pass_file(r, jail, path, !read_only)
+    }
+
+    /// For an interface hot-plugged into a jailed VMM: passes it an open
+    /// /dev/net/tun (its tap must be the jail's user's), returning the tag.
+    pub(crate) fn pass_tun(&self, r: &db::Row, jail: &JailSpec) -> Result<u64> {
+        self.pass_file(r, jail, Path::new("/dev/net/tun"), true)
+    }
+
+    /// Opens `path` for reading (and writing) and passes the descriptor to
+    /// domain `r`'s jailed VMM with a new tag, which it returns.
+    fn pass_file(&self, r: &db::Row, jail: &JailSpec, path: &Path, write: bool) -> Result<u64> {
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .write(!read_only)
+            .write(write)
             .open(path)
-            .map_err(|e| Error::Invalid(format!("disk {}: {e}", path.display())))?;
+            .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
         let socket = jail.fd_socket.as_ref().ok_or_else(|| {
             Error::Invalid(format!("domain {}'s VMM takes no descriptors", r.name))
         })?;
@@ -119,7 +109,7 @@ impl Daemon {
         let tag = u64::from_ne_bytes(tag);
         domus_jail::fdpass::send(socket, tag, file.as_fd()).map_err(|e| Error::Start {
             name: r.name.clone(),
-            msg: format!("passing the disk's descriptor to its VMM: {e}"),
+            msg: format!("passing {} to its VMM: {e}", path.display()),
         })?;
         Ok(tag)
     }
@@ -201,14 +191,6 @@ mod tests {
         assert!(d.find("a").unwrap().config.disks.is_empty());
         d.destroy("a").unwrap();
         let _ = std::fs::remove_dir_all(state);
-    }
-
-    #[test]
-    fn the_file_limit_covers_the_largest_disk_in_whole_gib() {
-        assert_eq!(file_limit(0), 1 << 30);
-        assert_eq!(file_limit(1 << 30), 1 << 30);
-        assert_eq!(file_limit((1 << 30) + 1), 2 << 30);
-        assert_eq!(file_limit(u64::MAX), u64::MAX);
     }
 
     #[test]

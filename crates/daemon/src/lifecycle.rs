@@ -331,11 +331,14 @@ impl Daemon {
         let job = Job {
             program: self.domus.clone(),
             args: vec!["run".into(), "--config".into(), spec_file.into()],
+            stdin: None,
             stdout: log.try_clone()?.into(),
             stderr: log.into(),
             cgroup_procs: procs.map(Into::into),
             namespaces: spec.jail.is_some(),
             max_files: VMM_FILES,
+            // A VMM outlives a daemon restart.
+            dies_with_parent: false,
         };
         let mut child = self.host.launcher.launch(job, &spec)?;
         let pid = i64::from(child.id());
@@ -536,6 +539,7 @@ pub(crate) fn net_spec(tap: String, v: &domus_xlcfg::Vif, mac: Option<String>) -
             bandwidth: v.rate,
             iops: None,
         },
+        passed: None,
     }
 }
 

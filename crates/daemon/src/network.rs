@@ -156,7 +156,11 @@ impl Daemon {
             .add(&tap, vif.bridge.as_deref(), owner)
             .map_err(tap_error)?;
         let made = (|| -> Result<DeviceInfo> {
-            let net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
+            let mut net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
+            // A jailed VMM cannot open /dev/net/tun: it is handed one.
+            if let Some(jail) = self.running_jail(&r) {
+                net.passed = Some(self.pass_tun(&r, &jail)?);
+            }
             self.vmm(&r)?
                 .plug(&PlugRequest {
                     disk: None,

@@ -164,7 +164,17 @@ pub fn enter(spec: &JailSpec) -> Result<Entered, JailError> {
     // SAFETY: umask(2) only sets this process's file mode mask.
     unsafe { libc::umask(0o077) };
 
+    // Changing ids clears the parent-death signal: armed again after.
+    let mut pdeath: libc::c_int = 0;
+    // SAFETY: PR_GET_PDEATHSIG writes an int through the pointer.
+    check(unsafe { libc::prctl(libc::PR_GET_PDEATHSIG, &mut pdeath) })
+        .map_err(step("PR_GET_PDEATHSIG"))?;
     drop_privileges(spec)?;
+    if pdeath != 0 {
+        // SAFETY: prctl(2) with integer arguments.
+        check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, pdeath, 0, 0, 0) })
+            .map_err(step("PR_SET_PDEATHSIG"))?;
+    }
     limit(libc::RLIMIT_FSIZE, spec.max_file_bytes).map_err(step("RLIMIT_FSIZE"))?;
     limit(libc::RLIMIT_NPROC, spec.max_threads).map_err(step("RLIMIT_NPROC"))?;
     // SAFETY: prctl(2) with integer arguments, on this process only.
@@ -310,6 +320,10 @@ mod tests {
         let ids = unsafe { (libc::getuid(), libc::getgid(), libc::getpid()) };
         println!("ids {} {} pid {}", ids.0, ids.1, ids.2);
         println!("caps {}", effective_caps().unwrap_or(u64::MAX));
+        let mut pdeath: libc::c_int = 0;
+        // SAFETY: PR_GET_PDEATHSIG writes an int through the pointer.
+        unsafe { libc::prctl(libc::PR_GET_PDEATHSIG, &mut pdeath) };
+        println!("pdeath {pdeath}");
         // Landlock, where the kernel has it, forbids listing "/": ask by name.
         let here = |p: &str| std::path::Path::new(p).exists();
         println!(
@@ -353,11 +367,13 @@ mod tests {
             ]
             .map(Into::into)
             .to_vec(),
+            stdin: None,
             stdout: f.try_clone().unwrap().into(),
             stderr: f.into(),
             cgroup_procs: None,
             namespaces: true,
             max_files: 256,
+            dies_with_parent: true,
         };
         let st = crate::spawn(job).unwrap().wait().unwrap();
         std::env::remove_var(CHILD);
@@ -366,6 +382,10 @@ mod tests {
         assert!(text.contains("entered landlock="), "{text}");
         assert!(text.contains("ids 4000123 4000124 pid 1\n"), "{text}");
         assert!(text.contains("caps 0\n"), "{text}");
+        assert!(
+            text.contains("pdeath 9\n"),
+            "the parent-death signal holds: {text}"
+        );
         assert!(text.contains("seen true false false false\n"), "{text}");
         assert!(text.contains("null true\n"), "{text}");
         assert!(text.contains("write false\n"), "{text}");

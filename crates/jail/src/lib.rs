@@ -11,3 +11,34 @@ mod spawn;
 
 pub use enter::{enter, Entered, JailError};
 pub use spawn::{spawn, Job, Process};
+
+/// The threads (and processes) a jailed VMM's user may have: vCPUs,
+/// device threads, the block I/O pools, API connections.
+pub const MAX_THREADS: u64 = 1024;
+
+/// The smallest file-size limit a jailed VMM gets (bytes).
+const MIN_FILE_LIMIT: u64 = 1 << 30;
+
+/// A jailed VMM's file-size limit (RLIMIT_FSIZE) for a largest disk of
+/// `largest` bytes: that, rounded up to a GiB, 1 GiB at least. It writes
+/// only through descriptors it was given: the limit stops a VMM taken over
+/// by its guest from growing a disk image past its size, or its console
+/// file, until the host's disk is full.
+pub fn file_limit(largest: u64) -> u64 {
+    largest
+        .max(MIN_FILE_LIMIT)
+        .checked_next_multiple_of(MIN_FILE_LIMIT)
+        .unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_file_limit_covers_the_largest_disk_in_whole_gib() {
+        use super::file_limit;
+        assert_eq!(file_limit(0), 1 << 30);
+        assert_eq!(file_limit(1 << 30), 1 << 30);
+        assert_eq!(file_limit((1 << 30) + 1), 2 << 30);
+        assert_eq!(file_limit(u64::MAX), u64::MAX);
+    }
+}

@@ -20,7 +20,8 @@ use std::process::ExitStatus;
 pub struct Job {
     pub program: PathBuf,
     pub args: Vec<OsString>,
-    /// Where its standard output and error go (stdin is /dev/null).
+    /// Its standard input (None: /dev/null), output and error.
+    pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
     /// A cgroup's `cgroup.procs`, opened for writing: the child joins that
@@ -33,6 +34,9 @@ pub struct Job {
     pub namespaces: bool,
     /// Its limit on open descriptors (RLIMIT_NOFILE).
     pub max_files: u64,
+    /// Killed (SIGKILL) when the caller dies: for a child that only lives
+    /// for the caller (`domus run --jail`); the daemon's VMMs outlive it.
+    pub dies_with_parent: bool,
 }
 
 /// The namespaces a jailed VMM gets.
@@ -69,12 +73,17 @@ pub fn spawn(job: Job) -> io::Result<Process> {
 
     let flags = if job.namespaces { NAMESPACES } else { 0 };
     let setup = Setup {
-        stdin: null.as_raw_fd(),
+        stdin: job
+            .stdin
+            .as_ref()
+            .map_or(null.as_raw_fd(), AsRawFd::as_raw_fd),
         stdout: job.stdout.as_raw_fd(),
         stderr: job.stderr.as_raw_fd(),
         cgroup_procs: job.cgroup_procs.as_ref().map(AsRawFd::as_raw_fd),
         report: report_w.as_raw_fd(),
         max_files: job.max_files,
+        // SAFETY: getpid(2) has no arguments.
+        parent: job.dies_with_parent.then(|| unsafe { libc::getpid() }),
         program: program.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
@@ -161,6 +170,8 @@ struct Setup {
     cgroup_procs: Option<RawFd>,
     report: RawFd,
     max_files: u64,
+    /// With `dies_with_parent`: the caller's pid.
+    parent: Option<libc::pid_t>,
     program: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
@@ -184,6 +195,19 @@ impl Setup {
                 }
             }
             libc::setsid();
+            if let Some(parent) = self.parent {
+                // Armed, then checked: the parent may have died before. In
+                // a new PID namespace the parent has no pid here (getppid
+                // is 0), and the check cannot be made.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    fail(self.report);
+                }
+                let ppid = libc::getppid();
+                if ppid != 0 && ppid != parent {
+                    *libc::__errno_location() = libc::ESRCH;
+                    fail(self.report);
+                }
+            }
             if let Some(fd) = self.cgroup_procs {
                 // "0": the writing process itself joins the group.
                 if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -299,11 +323,13 @@ mod tests {
         Job {
             program: program.into(),
             args: args.iter().map(OsString::from).collect(),
+            stdin: None,
             stdout: f.try_clone().unwrap().into(),
             stderr: f.into(),
             cgroup_procs: None,
             namespaces: false,
             max_files: 64,
+            dies_with_parent: false,
         }
     }
 

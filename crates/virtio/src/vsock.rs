@@ -239,21 +239,22 @@ impl VirtioDevice for Vsock {
                 }
             }
         }
-        self.start(&vhost, &a, &calls)
-            .map_err(std::io::Error::other)?;
+        let started = self.start(&vhost, &a, &calls);
+        // Kept whatever happened: a jailed VMM cannot open another.
+        self.vhost = Some(vhost);
+        started.map_err(std::io::Error::other)?;
         let (irq, counters) = (a.interrupt, self.counters.clone());
         self.running = Some(DeviceThread::spawn("vsock-irq", 128 << 10, move |kill| {
             relay(relayed, kill, irq, counters)
         })?);
-        self.vhost = Some(vhost);
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some(v) = self.vhost.take() {
+        if let Some(v) = &self.vhost {
+            // Stopped, and kept open with its CID: the next activation sets
+            // its rings up again. A jailed VMM could not open it again.
             let _ = v.0.stop();
-            // Closing the device releases the rings and the CID; the next
-            // activation opens it again.
         }
         if let Some(t) = self.running.take() {
             t.stop();

@@ -109,6 +109,7 @@ pub fn net_config(n: &NetSpec) -> NetConfig {
         tap: n.tap.clone(),
         mac: n.mac.as_deref().and_then(domus_api::spec::parse_mac),
         limits: limits(&n.rate_limit),
+        passed: n.passed,
     }
 }
 

@@ -23,6 +23,18 @@ use domus_virtio::{Hypervisor, Memory, VirtioDevice};
 use crate::irq::KvmIrqs;
 use domus_jail::fdpass::Inbox;
 
+/// The descriptor passed with `tag` for `what`.
+fn passed(inbox: Option<&Inbox>, tag: u64, what: &str) -> Result<std::os::fd::OwnedFd> {
+    let inbox = inbox.ok_or_else(|| {
+        Error::Devices(format!(
+            "{what}: a passed descriptor, but this VMM has no descriptor socket (JailSpec fd_socket)"
+        ))
+    })?;
+    inbox
+        .take(tag, PASSED_WAIT)
+        .ok_or_else(|| Error::Devices(format!("{what}: no descriptor was passed with tag {tag}")))
+}
+
 /// How long a plug waits for the descriptor its request names.
 const PASSED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::registry::{self, Plug};
@@ -35,19 +47,11 @@ pub fn disk_device(
     id: String,
     inbox: Option<&Inbox>,
 ) -> Result<(Box<dyn VirtioDevice>, registry::Device)> {
-    let b = match (d.passed, inbox) {
-        (None, _) => Block::open(d)?,
-        (Some(tag), Some(inbox)) => {
-            let fd = inbox
-                .take(tag, PASSED_WAIT)
-                .ok_or_else(|| Error::Devices(format!("disk {}: no descriptor was passed with tag {tag}", d.path.display())))?;
-            Block::with_file(d, fd.into())?
-        }
-        (Some(_), None) => {
-            return Err(Error::Devices(format!(
-                "disk {}: a passed descriptor, but this VMM has no descriptor socket (JailSpec fd_socket)",
-                d.path.display()
-            )))
+    let b = match d.passed {
+        None => Block::open(d)?,
+        Some(tag) => {
+            let what = format!("disk {}", d.path.display());
+            Block::with_file(d, passed(inbox, tag, &what)?.into())?
         }
     };
     let (disk, limiter) = b.handles();
@@ -69,8 +73,17 @@ pub fn disk_device(
 }
 
 /// An interface's device and its API entry (`id`: net0, net1, ...).
-pub fn net_device(n: &NetConfig, id: String) -> Result<(Box<dyn VirtioDevice>, registry::Device)> {
-    let net = Net::open(n)?;
+/// An interface whose /dev/net/tun descriptor was passed (`n.passed`) is
+/// taken from `inbox`.
+pub fn net_device(
+    n: &NetConfig,
+    id: String,
+    inbox: Option<&Inbox>,
+) -> Result<(Box<dyn VirtioDevice>, registry::Device)> {
+    let net = match n.passed {
+        None => Net::open(n)?,
+        Some(tag) => Net::with_tun(n, passed(inbox, tag, &format!("tap {}", n.tap))?.into())?,
+    };
     let (counters, limiter) = net.handles();
     let a = registry::Device {
         id,
@@ -127,7 +140,7 @@ impl registry::Hotplug for VmHotplug {
         let _one = lock(&self.plugging);
         let (dev, mut entry) = match what {
             Plug::Disk(d) => disk_device(d, id.clone(), self.inbox.as_deref()),
-            Plug::Net(n) => net_device(n, id.clone()),
+            Plug::Net(n) => net_device(n, id.clone(), self.inbox.as_deref()),
         }
         .map_err(|e| e.to_string())?;
         let slot = plug(&self.bus, &self.irqs, &self.mem, id, dev).map_err(|e| e.to_string())?;

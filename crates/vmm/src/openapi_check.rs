@@ -79,8 +79,8 @@ fn the_openapi_schemas_match_the_api_types() {
         disk: Some("/x,ro,id=d1,bw=1M".parse().unwrap()),
         net: Some("tap=t,mac=52:54:00:12:34:56".parse().unwrap()),
     };
-    let (mut disk, net) = (plug.disk.clone().unwrap(), plug.net.clone().unwrap());
-    disk.passed = Some(7);
+    let (mut disk, mut net) = (plug.disk.clone().unwrap(), plug.net.clone().unwrap());
+    (disk.passed, net.passed) = (Some(7), Some(8));
     check_schema(
         &doc,
         "DiskSpec",

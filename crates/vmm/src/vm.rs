@@ -199,7 +199,7 @@ fn virtio_devices(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>) -> Result<Devices>
         devices.push(hotplug::disk_device(d, disk_name(i), None)?);
     }
     for (i, n) in cfg.nets.iter().enumerate() {
-        devices.push(hotplug::net_device(n, format!("net{i}"))?);
+        devices.push(hotplug::net_device(n, format!("net{i}"), None)?);
     }
     if let Some(cid) = cfg.vsock_cid {
         let v = Vsock::new(cid, mem.clone())?;

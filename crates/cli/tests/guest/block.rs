@@ -208,3 +208,34 @@ fn exclusive_disk_rate_limits_hold_within_10_percent() {
     eprintln!("domus-test: {bw}; {iops}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `domus run --jail`: the VMM started by hand is jailed as the daemon's
+/// are, and still serves its disk, which keeps its owner and mode.
+#[test]
+fn domus_run_jail_boots_a_guest_that_writes_its_disk() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = scratch("run-jail");
+    let img = image(&dir, "disk.img", 8);
+    let r = TestVm::new("echo jailed-write > /dev/vda && sync && head -c 12 /dev/vda && echo")
+        .disk(img.display())
+        .args(["--jail", "4000077:4000078"])
+        .run();
+    assert_clean_poweroff(&r);
+    assert!(
+        r.stderr
+            .contains("jailed as uid 4000077 gid 4000078: a root of its own"),
+        "{r}"
+    );
+    assert!(r.stdout.contains("jailed-write"), "{r}");
+    assert!(std::fs::read(&img).unwrap().starts_with(b"jailed-write"));
+    let m = std::fs::metadata(&img).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644));
+    // The jail's root is made and removed by `domus run`.
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("domus-jail-"))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

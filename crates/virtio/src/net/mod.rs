@@ -62,6 +62,9 @@ pub struct NetConfig {
     pub tap: String,
     pub mac: Option<[u8; 6]>,
     pub limits: Limits,
+    /// The tag of a /dev/net/tun descriptor the supervisor passed (a
+    /// jailed VMM cannot open it): see [`Net::with_tun`].
+    pub passed: Option<u64>,
 }
 
 /// Per-interface counters.
@@ -119,7 +122,15 @@ pub struct Net {
 
 impl Net {
     pub fn open(cfg: &NetConfig) -> Result<Self, NetError> {
-        let tap = Tap::open(&cfg.tap)?;
+        Self::with_tap(cfg, Tap::open(&cfg.tap)?)
+    }
+
+    /// The interface on `tun`, an open /dev/net/tun the caller was handed.
+    pub fn with_tun(cfg: &NetConfig, tun: std::fs::File) -> Result<Self, NetError> {
+        Self::with_tap(cfg, Tap::attach(tun, &cfg.tap)?)
+    }
+
+    fn with_tap(cfg: &NetConfig, tap: Tap) -> Result<Self, NetError> {
         let limiter = Shared::new(cfg.limits).map_err(|source| NetError::Tap {
             name: cfg.tap.clone(),
             what: "eventfd",

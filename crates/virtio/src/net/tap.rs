@@ -63,31 +63,52 @@ struct IfReq {
     _pad: [u8; 22],
 }
 
+/// The error of step `what` on tap `name`.
+fn tap_err<'a>(name: &'a str, what: &'static str) -> impl FnOnce(std::io::Error) -> NetError + 'a {
+    move |source| NetError::Tap {
+        name: name.into(),
+        what,
+        source,
+    }
+}
+
+/// A tap's name: 1 to 15 letters, digits, `_`, `.` or `-`.
+fn check_name(name: &str) -> Result<(), NetError> {
+    let ok = !name.is_empty()
+        && name.len() < 16
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(NetError::BadName(name.into()))
+    }
+}
+
 impl Tap {
     /// Opens (or creates) the tap `name` with a 12-byte vnet header,
     /// non-blocking.
     pub fn open(name: &str) -> Result<Self, NetError> {
-        let ok = !name.is_empty()
-            && name.len() < 16
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !ok {
-            return Err(NetError::BadName(name.into()));
-        }
-        let err = |what| {
-            move |source| NetError::Tap {
-                name: name.into(),
-                what,
-                source,
-            }
-        };
+        check_name(name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/dev/net/tun")
-            .map_err(err("opening /dev/net/tun"))?;
+            .map_err(tap_err(name, "opening /dev/net/tun"))?;
+        Self::attach(file, name)
+    }
+
+    /// The tap `name` on `file`, an open /dev/net/tun (made non-blocking
+    /// here).
+    pub fn attach(file: File, name: &str) -> Result<Self, NetError> {
+        check_name(name)?;
+        let err = |what| tap_err(name, what);
+        // SAFETY: fcntl(2) on a descriptor we own, setting status flags.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+            return Err(err("O_NONBLOCK")(std::io::Error::last_os_error()));
+        }
         let mut req = IfReq {
             name: [0; 16],
             flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
