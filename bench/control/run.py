@@ -2,7 +2,8 @@
 """bench/control: the control daemon under load.
 
 Inside one host (the nested KVM host on the development machines), with a
-fresh `domus daemon` and state directory per size N in SIZES:
+fresh `domus daemon` and state directory per size N in SIZES, once with its
+VMMs jailed (the default) and once with --no-jail (JAIL_MODES):
 
   * create rate: N domains created by N concurrent clients through the
     daemon's API (each a 128 MiB kit guest that idles); domains per second
@@ -36,6 +37,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from domus_api import request  # noqa: E402
 DOMUS = os.path.join(REPO, "target/release/domus")
 SIZES = [int(x) for x in os.environ.get("SIZES", "1,8,32,64").split(",")]
+# Each size with the daemon's jail (its default) and with --no-jail.
+JAIL = [m == "jail" for m in os.environ.get("JAIL_MODES", "jail,no-jail").split(",")]
 SAMPLE_S = float(os.environ.get("SAMPLE_S", "20"))
 
 
@@ -64,9 +67,10 @@ def proc_rss_kib(pid):
     return 0
 
 
-def one_size(n, k):
+def one_size(n, k, jail):
     state = tempfile.mkdtemp(prefix="domus-bench-control-")
-    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--host-reserve", "256"],
+    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--host-reserve", "256"]
+                              + ([] if jail else ["--no-jail"]),
                               stderr=subprocess.DEVNULL)
     sock = os.path.join(state, "domusd.sock")
     for _ in range(500):
@@ -106,7 +110,7 @@ def one_size(n, k):
         # Leave nothing running: the nested host ends only when all is gone.
         stop.set()
         daemon.kill()
-        subprocess.run(["pkill", "-9", "-f", f"api-socket {state}"])
+        subprocess.run(["pkill", "-9", "-f", f"--config {state}"])
         raise
     create_s = time.perf_counter() - t0
     stop.set()
@@ -130,6 +134,7 @@ def one_size(n, k):
     lat = sorted(latencies)
     return {
         "domains": n,
+        "jail": jail,
         "create_s": create_s,
         "domains_per_s": n / create_s,
         "api_requests": len(lat),
@@ -146,9 +151,10 @@ def main():
     k = kit()
     rows = []
     for n in SIZES:
-        say(f"{n} domains")
-        rows.append(one_size(n, k))
-        say(json.dumps(rows[-1]))
+        for jail in JAIL:
+            say(f"{n} domains, " + ("jailed" if jail else "--no-jail"))
+            rows.append(one_size(n, k, jail))
+            say(json.dumps(rows[-1]))
     doc = {
         "benchmark": "bench/control",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -156,7 +162,8 @@ def main():
         "machine": {"host": platform.node(), "kernel": platform.release(),
                     "cpus": os.cpu_count(),
                     "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"},
-        "config": {"sizes": SIZES, "guest_memory_mib": 128, "accounting_sample_s": SAMPLE_S},
+        "config": {"sizes": SIZES, "guest_memory_mib": 128, "accounting_sample_s": SAMPLE_S,
+                   "jail": JAIL},
         "results": rows,
     }
     with open(os.path.join(HERE, "results.json"), "w") as f:
@@ -168,11 +175,12 @@ def main():
         f"{doc['date']}, nested KVM host ({os.cpu_count()} CPUs, kernel {platform.release()}), "
         f"command `tools/bench-control`. Guests: the kit kernel, 128 MiB, idle.",
         "",
-        "| domains | create (s) | domains/s | API p50 (ms) | API p99 (ms) | daemon KiB/domain | accounting CPU (%) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| domains | VMMs | create (s) | domains/s | API p50 (ms) | API p99 (ms) | daemon KiB/domain | accounting CPU (%) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        lines.append(f"| {r['domains']} | {r['create_s']:.2f} | {r['domains_per_s']:.1f} | "
+        mode = "jailed" if r["jail"] else "--no-jail"
+        lines.append(f"| {r['domains']} | {mode} | {r['create_s']:.2f} | {r['domains_per_s']:.1f} | "
                      f"{r['api_p50_ms']:.2f} | {r['api_p99_ms']:.2f} | "
                      f"{r['daemon_kib_per_domain']:.0f} | {r['accounting_cpu_pct']:.1f} |")
     lines += [
@@ -180,9 +188,21 @@ def main():
         "Create is measured from the first request to the last domain's VMM answering on its "
         "own API (the guest kernels keep booting after that). API latency is GET /v1/info sent "
         "back to back while the creates run. Accounting CPU is the daemon's CPU time while a "
-        f"client lists every domain with its CPU accounting once a second for {SAMPLE_S:.0f} s.",
+        f"client lists every domain with its CPU accounting once a second for {SAMPLE_S:.0f} s. "
+        "Jailed is the daemon's default (each VMM in its namespaces, root, user and Landlock, "
+        "see README, Security); --no-jail runs them as root in the host's namespaces, both "
+        "under the seccomp filter, in the same run.",
         "",
     ]
+    by = {(r["domains"], r["jail"]): r for r in rows}
+    pairs = [(n, by[(n, True)], by[(n, False)]) for n in SIZES if (n, True) in by and (n, False) in by]
+    if pairs:
+        lines += ["| domains | create time jailed / --no-jail | API p50 jailed / --no-jail |",
+                  "| ---: | ---: | ---: |"]
+        for n, j, nj in pairs:
+            lines.append(f"| {n} | {j['create_s'] / nj['create_s']:.2f} | "
+                         f"{j['api_p50_ms'] / nj['api_p50_ms']:.2f} |")
+        lines.append("")
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

@@ -232,6 +232,11 @@ pub struct Info {
     /// The TCP API's TLS certificate fingerprint (`SHA256:..`), when the
     /// daemon listens on TCP (null when it does not).
     pub tls_fingerprint: Option<String>,
+    /// Whether VMMs run under their seccomp filter.
+    pub seccomp: bool,
+    /// The first user and group id of the VMMs' jails (domain N's is this
+    /// plus N); null when VMMs are not jailed (`--no-jail`).
+    pub jail_ids: Option<u32>,
 }
 
 /// One line of `GET /v1/dmesg`, the daemon's log.

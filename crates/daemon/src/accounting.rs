@@ -200,6 +200,8 @@ impl Daemon {
             image_dirs: crate::paths::shown(&self.files.image_dirs),
             block_devices: crate::paths::shown(&self.files.block_devices),
             tls_fingerprint: self.tls_fingerprint.get().cloned(),
+            seccomp: self.seccomp,
+            jail_ids: self.jail,
         }
     }
 }

@@ -65,9 +65,12 @@ fn the_answers_match_their_schemas() {
         image_dirs: vec!["/var/lib/domus/images".into()],
         block_devices: Vec::new(),
         tls_fingerprint: Some("SHA256:00".into()),
+        seccomp: true,
+        jail_ids: Some(1_500_000_000),
     };
     let local = Info {
         tls_fingerprint: None,
+        jail_ids: None,
         ..info.clone()
     };
     check("Info", &[sample(&info), sample(&local)]);

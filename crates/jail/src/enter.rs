@@ -312,6 +312,11 @@ mod tests {
         let Some(root) = std::env::var_os(CHILD) else {
             return;
         };
+        // The parent-death signal is per thread (spawn armed it in the
+        // main thread; the test harness runs this on another): armed here,
+        // for enter() to keep it across the change of ids.
+        // SAFETY: prctl(2) with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
         match enter(&spec(root.into())) {
             Ok(e) => println!("entered landlock={}", e.landlock),
             Err(e) => println!("failed {e}"),
