@@ -31,13 +31,6 @@ pub fn parse_ids(s: &str) -> Result<(u32, u32), String> {
 /// parent: None, and the caller runs [`respawn`].
 pub fn child_jail(spec: &VmSpec, (uid, gid): (u32, u32)) -> Option<JailSpec> {
     let root = PathBuf::from(std::env::var_os(ROOT_ENV)?);
-    let largest = spec
-        .disks
-        .iter()
-        .filter_map(|d| std::fs::metadata(&d.path).ok())
-        .filter(std::fs::Metadata::is_file)
-        .map(|m| m.len())
-        .max();
     Some(JailSpec {
         root,
         uid,
@@ -47,7 +40,7 @@ pub fn child_jail(spec: &VmSpec, (uid, gid): (u32, u32)) -> Option<JailSpec> {
             .filter(|p| p.exists())
             .map(PathBuf::from)
             .collect(),
-        max_file_bytes: domus_jail::file_limit(largest.unwrap_or(0)),
+        max_file_bytes: domus_jail::file_limit_for(spec.disks.iter().map(|d| d.path.as_path())),
         max_threads: domus_jail::MAX_THREADS,
         fd_socket: None,
     })

@@ -10,15 +10,6 @@ use domus_api::spec::{JailSpec, VmSpec};
 
 use crate::{db, domain_dir, Daemon, Error, Result};
 
-/// The size of a disk file (0 for a block device, which the limit does not
-/// apply to, or one that cannot be read).
-fn file_size(p: &Path) -> u64 {
-    std::fs::metadata(p)
-        .ok()
-        .filter(std::fs::Metadata::is_file)
-        .map_or(0, |m| m.len())
-}
-
 impl Daemon {
     /// The jail of domain `r`'s VMM, if VMMs are jailed: user and group
     /// `jail + id`, an empty root on `dir/root`, the file-size limit of its
@@ -39,7 +30,6 @@ impl Daemon {
             })?;
         let root = dir.join("root");
         std::fs::create_dir_all(&root)?;
-        let largest = r.config.disks.iter().map(|d| file_size(&d.path)).max();
         Ok(Some(JailSpec {
             root,
             uid: id,
@@ -47,7 +37,9 @@ impl Daemon {
             // Nothing to open by name: what it needs later (hot-plugged
             // disks, /dev/net/tun for interfaces) is passed in.
             devices: Vec::new(),
-            max_file_bytes: domus_jail::file_limit(largest.unwrap_or(0)),
+            max_file_bytes: domus_jail::file_limit_for(
+                r.config.disks.iter().map(|d| d.path.as_path()),
+            ),
             max_threads: domus_jail::MAX_THREADS,
             fd_socket: Some(dir.join("fd.sock")),
         }))
@@ -72,7 +64,7 @@ impl Daemon {
         path: &Path,
         read_only: bool,
     ) -> Result<u64> {
-        let size = file_size(path);
+        let size = domus_jail::file_size(path);
         if size > jail.max_file_bytes {
             return Err(Error::Invalid(format!(
                 "{} ({size} bytes) is larger than the files domain {}'s jailed VMM may write \

@@ -28,13 +28,7 @@ pub fn send(socket: &Path, tag: u64, fd: BorrowedFd<'_>) -> io::Result<()> {
         iov_len: data.len(),
     };
     let mut cmsg = Cmsg::default();
-    // SAFETY: a zeroed msghdr is valid; the pointers set below point at
-    // `iov` and `cmsg`, which outlive the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg.buf.as_mut_ptr().cast();
-    msg.msg_controllen = cmsg.buf.len();
+    let msg = header(&mut iov, &mut cmsg);
     // SAFETY: CMSG_FIRSTHDR of a msghdr whose control buffer holds one
     // header and one descriptor (Cmsg's size is CMSG_SPACE of an int).
     unsafe {
@@ -71,6 +65,18 @@ impl Default for Cmsg {
         );
         Self { buf: [0; 24] }
     }
+}
+
+/// A message header over one I/O vector and a one-descriptor control
+/// buffer; the caller keeps both alive while it uses the header.
+fn header(iov: &mut libc::iovec, cmsg: &mut Cmsg) -> libc::msghdr {
+    // SAFETY: a zeroed msghdr is valid (no name, no vectors, no control).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.buf.as_mut_ptr().cast();
+    msg.msg_controllen = cmsg.buf.len();
+    msg
 }
 
 /// The VMM's side: descriptors received, by tag.
@@ -135,12 +141,7 @@ fn receive(s: &UnixStream) -> io::Result<(u64, OwnedFd)> {
         iov_len: data.len(),
     };
     let mut cmsg = Cmsg::default();
-    // SAFETY: as in `send`; the buffers outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg.buf.as_mut_ptr().cast();
-    msg.msg_controllen = cmsg.buf.len();
+    let mut msg = header(&mut iov, &mut cmsg);
     // SAFETY: recvmsg(2) writes into `data` and `cmsg` through `msg`.
     let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {

@@ -31,6 +31,20 @@ pub fn file_limit(largest: u64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// The file-size limit ([`file_limit`]) for a VMM given `disks`.
+pub fn file_limit_for<'a>(disks: impl IntoIterator<Item = &'a std::path::Path>) -> u64 {
+    file_limit(disks.into_iter().map(file_size).max().unwrap_or(0))
+}
+
+/// The size of a disk file (0 for a block device, which the limit does not
+/// apply to, or one that cannot be read).
+pub fn file_size(p: &std::path::Path) -> u64 {
+    std::fs::metadata(p)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .map_or(0, |m| m.len())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

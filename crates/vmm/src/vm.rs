@@ -304,6 +304,24 @@ fn platform_bus(
     Ok(bus)
 }
 
+/// A Unix socket bound at `path` if one is given (`what` names it in the
+/// error).
+fn bind(
+    what: &'static str,
+    path: Option<&std::path::Path>,
+) -> Result<Option<std::os::unix::net::UnixListener>> {
+    path.map(|path| {
+        domus_http::bind(path).map_err(|e| {
+            Error::Config(ConfigError::File {
+                what,
+                path: path.display().to_string(),
+                reason: io_reason(&e),
+            })
+        })
+    })
+    .transpose()
+}
+
 /// Boots the domain and blocks until it ends.
 pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     // Input checks that need no KVM come first, so bad input is reported as
@@ -316,28 +334,11 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         source,
     })?;
     let cmdline = params::cmdline_bytes(&cfg.cmdline)?;
-    let api_listener = match &cfg.api_socket {
-        Some(path) => Some(domus_http::bind(path).map_err(|e| {
-            Error::Config(ConfigError::File {
-                what: "API socket",
-                path: path.display().to_string(),
-                reason: io_reason(&e),
-            })
-        })?),
-        None => None,
-    };
+    let api_listener = bind("API socket", cfg.api_socket.as_deref())?;
     // Bound now, served once jailed: the supervisor passes descriptors of
     // files the jailed VMM can no longer open.
-    let fd_listener = match cfg.jail.as_ref().and_then(|j| j.fd_socket.as_ref()) {
-        Some(path) => Some(domus_http::bind(path).map_err(|e| {
-            Error::Config(ConfigError::File {
-                what: "descriptor socket",
-                path: path.display().to_string(),
-                reason: io_reason(&e),
-            })
-        })?),
-        None => None,
-    };
+    let fd_socket = cfg.jail.as_ref().and_then(|j| j.fd_socket.as_deref());
+    let fd_listener = bind("descriptor socket", fd_socket)?;
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     cfg.validate(max_vcpus(&kvm), host_mem)?;
 
