@@ -276,6 +276,27 @@ fn assert_clean_poweroff(run: &Run) {
     assert!(run.stdout.contains("domus-init: exit status 0"), "{run}");
 }
 
+/// [`assert_clean_poweroff`] for guests that depend on one another (one
+/// waits for what the other sends): when any run failed, the message shows
+/// every run, labelled, so the cause (a peer that stalled in the nested
+/// host's way, say) is seen beside its consequence and tools/test can find
+/// a platform stall in any of them.
+#[track_caller]
+fn assert_all_clean_poweroff(runs: &[(&str, &Run)]) {
+    let clean = |r: &Run| r.code == 0 && r.stdout.contains("domus-init: exit status 0");
+    if runs.iter().all(|(_, r)| clean(r)) {
+        return;
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .map(|(name, r)| {
+            let state = if clean(r) { "clean" } else { "FAILED" };
+            format!("==== guest {name} ({state}) ====\n{r}")
+        })
+        .collect();
+    panic!("a guest did not power off cleanly\n{}", shown.join("\n"));
+}
+
 /// A scratch directory for one test, on the host's (or nested host's) /tmp.
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("domus-test-{}-{name}", std::process::id()));

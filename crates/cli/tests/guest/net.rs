@@ -128,8 +128,7 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host() {
     let a = std::thread::spawn(move || a.run());
     let b = std::thread::spawn(move || b.run());
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
-    assert_clean_poweroff(&a);
-    assert_clean_poweroff(&b);
+    assert_all_clean_poweroff(&[("A", &a), ("B", &b)]);
     let host_out = host_recv.output();
     assert_eq!(value(&a, "pings"), 3, "{a}");
     let sent = all_words(&b, "sent_hash");
