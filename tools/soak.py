@@ -165,8 +165,10 @@ def delivering(line):
     return bool(m and int(m.group(1), 16) >> 31)
 
 
-def trace_exits(seconds, dest):
-    """Records the kvm_exit and kvm_userspace_exit tracepoints for SECONDS."""
+def trace_exits(seconds, dest, tids=None):
+    """Records the kvm_exit and kvm_userspace_exit tracepoints for SECONDS;
+    with TIDS, only those threads' (one VMM's: other guests running beside
+    it must not count for it)."""
     if not os.path.isdir(f"{TRACEFS}/events"):
         subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], check=False)
     ev = f"{TRACEFS}/events/kvm"
@@ -185,6 +187,11 @@ def trace_exits(seconds, dest):
     text = read_file(f"{TRACEFS}/trace", 64 << 20)
     w(f"{TRACEFS}/trace", "")
     lines = [l for l in text.splitlines() if not l.startswith("#")]
+    if tids is not None:
+        def task_tid(l):
+            t = re.match(r"\s*.+?-(\d+)\s+\[\d+\]", l)
+            return int(t.group(1)) if t else None
+        lines = [l for l in lines if task_tid(l) in tids]
     with open(dest, "w") as f:
         f.write("\n".join(lines[:5000]) + "\n")
     return summarize(lines, seconds)
@@ -243,7 +250,8 @@ def capture(pid, console, dest):
     info = {"threads": after, "timer_ticks": [t0, t1], "host_ticking": ticking}
     # Tracing a host whose timers have stopped can finish it off.
     if ticking:
-        info["trace"] = trace_exits(2, os.path.join(dest, "kvm_exit.trace"))
+        info["trace"] = trace_exits(2, os.path.join(dest, "kvm_exit.trace"),
+                                    {t["tid"] for t in after})
     info["verdict"] = verdict(info)
     with open(os.path.join(dest, "capture.json"), "w") as f:
         json.dump(info, f, indent=1)

@@ -87,13 +87,21 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    /// Receives descriptors on `listener` on a thread of its own.
-    pub fn serve(listener: UnixListener) -> io::Result<Arc<Self>> {
+    /// Receives descriptors on `listener` on a thread of its own, which
+    /// runs `confine` first (the VMM adds the thread's seccomp filter
+    /// there) and ends at once if it fails: no descriptor is then taken.
+    pub fn serve(
+        listener: UnixListener,
+        confine: impl FnOnce() -> io::Result<()> + Send + 'static,
+    ) -> io::Result<Arc<Self>> {
         let inbox = Arc::new(Self::default());
         let me = inbox.clone();
         std::thread::Builder::new()
             .name("fd-inbox".into())
             .spawn(move || {
+                if let Err(e) = confine() {
+                    return eprintln!("domus: the descriptor inbox did not start: {e}");
+                }
                 for s in listener.incoming() {
                     let Ok(s) = s else { continue };
                     if let Ok((tag, fd)) = receive(&s) {
@@ -185,7 +193,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("fd.sock");
-        let inbox = Inbox::serve(UnixListener::bind(&sock).unwrap()).unwrap();
+        let inbox = Inbox::serve(UnixListener::bind(&sock).unwrap(), || Ok(())).unwrap();
         let file = dir.join("disk");
         std::fs::write(&file, b"disk contents").unwrap();
         for tag in [7u64, 9] {

@@ -100,9 +100,42 @@ pub struct DeviceThread {
     handle: std::thread::JoinHandle<()>,
 }
 
+/// What every device thread does first, before it touches a queue: the
+/// VMM confines the thread there (its seccomp filter for device threads).
+/// An error ends the thread at once: a device left dead is better than a
+/// device thread with more rights than it should have.
+static THREAD_START: std::sync::OnceLock<fn(&str) -> std::io::Result<()>> =
+    std::sync::OnceLock::new();
+
+/// Sets what each device thread started from now on runs first, given
+/// its name (once per process; a second call is ignored).
+pub fn on_thread_start(f: fn(&str) -> std::io::Result<()>) {
+    let _ = THREAD_START.set(f);
+}
+
+/// Starts a device thread called `name` running `f`, after the
+/// [`on_thread_start`] hook.
+pub fn spawn_thread(
+    name: String,
+    stack: usize,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.clone())
+        .stack_size(stack)
+        .spawn(move || {
+            if let Some(start) = THREAD_START.get() {
+                if let Err(e) = start(&name) {
+                    return warn(&name, format_args!("not started: {e}"));
+                }
+            }
+            f()
+        })
+}
+
 impl DeviceThread {
-    /// Runs `f` on a thread called `name`; `f` gets the kill eventfd and
-    /// must return once it becomes readable.
+    /// Runs `f` on a thread called `name` (see [`spawn_thread`]); `f` gets
+    /// the kill eventfd and must return once it becomes readable.
     pub fn spawn(
         name: &str,
         stack: usize,
@@ -110,11 +143,8 @@ impl DeviceThread {
     ) -> Result<Self, ActivateError> {
         let kill = EventFd::new(libc::EFD_NONBLOCK)?;
         let k2 = kill.try_clone()?;
-        let handle = std::thread::Builder::new()
-            .name(name.into())
-            .stack_size(stack)
-            .spawn(move || f(k2))
-            .map_err(ActivateError::Thread)?;
+        let handle =
+            spawn_thread(name.into(), stack, move || f(k2)).map_err(ActivateError::Thread)?;
         Ok(Self { kill, handle })
     }
 

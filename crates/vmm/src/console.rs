@@ -175,6 +175,9 @@ pub fn spawn_input(
         .name("console-in".into())
         .stack_size(128 << 10)
         .spawn(move || {
+            if let Err(e) = crate::seccomp::enter(crate::seccomp::Kind::Console) {
+                return eprintln!("domus: the console reader did not start: {e}");
+            }
             let mut stdin = std::io::stdin();
             let mut buf = [0u8; 256];
             let mut escaped = false;

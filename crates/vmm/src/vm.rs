@@ -31,6 +31,7 @@ use crate::hotplug;
 use crate::irq::KvmIrqs;
 use crate::pause::{self, Pause};
 use crate::registry::{self, disk_name};
+use crate::seccomp::{self, Kind};
 use crate::vcpu::{self, Buses, Stop};
 use crate::{kvm_err, Error, Result};
 
@@ -431,18 +432,21 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             jail.uid, jail.gid, e.landlock
         );
     }
+    // From here on, every thread (and every one made later) may make only
+    // the system calls a running VMM needs, and each thread started below
+    // adds its own kind's narrower filter as it starts.
+    if cfg.seccomp {
+        seccomp::install()?;
+    }
     let inbox = match fd_listener {
         Some(l) => Some(
-            domus_jail::fdpass::Inbox::serve(l)
-                .map_err(|e| Error::Io("starting the descriptor thread", e))?,
+            domus_jail::fdpass::Inbox::serve(l, || {
+                seccomp::enter(Kind::Inbox).map_err(std::io::Error::other)
+            })
+            .map_err(|e| Error::Io("starting the descriptor thread", e))?,
         ),
         None => None,
     };
-    // From here on, every thread (and every one made later) may make only
-    // the system calls a running VMM needs.
-    if cfg.seccomp {
-        crate::seccomp::install(&crate::seccomp::filter()?)?;
-    }
     for (id, vcpu) in vcpus.into_iter().enumerate() {
         let (bus, tx, p) = (bus.clone(), stop_tx.clone(), pause.clone());
         std::thread::Builder::new()
@@ -450,7 +454,12 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             // Small stacks: the exit loop is shallow, and a 2 MiB stack could
             // be backed by a transparent huge page and cost 2 MiB of RSS.
             .stack_size(VCPU_STACK)
-            .spawn(move || vcpu::run_loop(vcpu, bus, tx, p))
+            .spawn(move || match seccomp::enter(Kind::Vcpu) {
+                Ok(()) => vcpu::run_loop(vcpu, bus, tx, p),
+                Err(e) => {
+                    let _ = tx.send(Stop::Fault(format!("vCPU {id}: {e}")));
+                }
+            })
             .map_err(|e| Error::Io("spawning a vCPU thread", e))?;
     }
 
@@ -473,8 +482,23 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
                 inbox,
             })),
         };
-        domus_http::spawn_server("api", listener, Arc::new(move |r| domain.handle(r)))
-            .map_err(|e| Error::Io("starting the API thread", e))?;
+        // Started from a thread that has the API's filter, so that the API
+        // thread and its connections' threads inherit it.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                seccomp::enter(Kind::Api)?;
+                domus_http::spawn_server("api", listener, Arc::new(move |r| domain.handle(r)))
+                    .map_err(|e| Error::Io("starting the API thread", e))?;
+                Ok::<(), Error>(())
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(Error::Io(
+                    "starting the API thread",
+                    std::io::Error::other("panicked"),
+                ))
+            })
+        })?;
     }
 
     let _raw = if cfg.console == crate::Console::Stdout {
@@ -489,6 +513,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         None
     };
     drop(stop_tx);
+    // Main now only waits for the end.
+    seccomp::enter(Kind::Main)?;
 
     let stop = stop_rx
         .recv()

@@ -212,11 +212,10 @@ impl VirtioDevice for Block {
             let (disk, mem) = (self.disk.clone(), a.mem.clone());
             let evt = done_evt.try_clone()?;
             workers.push(
-                std::thread::Builder::new()
-                    .name(format!("blk-io{i}"))
-                    .stack_size(256 << 10)
-                    .spawn(move || io_worker(&disk, &mem, &rx, &tx, &evt))
-                    .map_err(ActivateError::Thread)?,
+                crate::spawn_thread(format!("blk-io{i}"), 256 << 10, move || {
+                    io_worker(&disk, &mem, &rx, &tx, &evt)
+                })
+                .map_err(ActivateError::Thread)?,
             );
         }
         let engine = Engine {

@@ -21,7 +21,7 @@ fn daemon_vmms_are_jailed() {
         let img = dir.join(format!("{name}.img"));
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
         let disk = format!("disk = ['{},raw,xvda,rw']", img.display());
-        let cfg = domain_config(&dir, name, 128, "-- sleep 600", &disk);
+        let cfg = domain_config(&dir, name, 128, "-- echo guest-up; sleep 600", &disk);
         let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
         assert!(ok, "{out}{err}");
     }
@@ -83,6 +83,37 @@ fn daemon_vmms_are_jailed() {
         let task = format!("/proc/{}/task/{t}/comm", a.pid.unwrap());
         let comm = std::fs::read_to_string(&task).unwrap_or_default();
         assert!(comm.starts_with("vcpu"), "{task}: {comm:?}");
+    }
+    // Every thread has the process's seccomp filter and its kind's on top
+    // of it (two: its list, and one that refuses opens, but on the API's
+    // threads); a device thread, which a vCPU started when the guest's
+    // driver set the device up, has the vCPU's as well as its own.
+    let console = state.join(format!("domains/{}/console.log", a.id));
+    assert!(
+        wait_for_text(&console, "guest-up", 1, 90),
+        "the guest never came up"
+    );
+    let mut seen = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", a.pid.unwrap())).unwrap();
+    for t in tasks.flatten() {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let (comm, st) = (read("comm").trim().to_string(), read("status"));
+        let Some(n) = status_field(&st, "Seccomp_filters:").first().cloned() else {
+            continue; // ended while we looked
+        };
+        let device = ["virtio-", "blk-io", "vsock-irq"]
+            .iter()
+            .any(|p| comm.starts_with(p));
+        let want = match comm.as_str() {
+            _ if device => "5",
+            "api" | "api-conn" => "2",
+            _ => "3",
+        };
+        assert_eq!(n, want, "thread {comm}: {st}");
+        seen.push(comm);
+    }
+    for kind in ["domus", "vcpu0", "api", "fd-inbox", "virtio-blk", "blk-io0"] {
+        assert!(seen.iter().any(|c| c == kind), "no {kind} thread: {seen:?}");
     }
     for name in ["ja", "jb"] {
         let (ok, out, err) = domus_cli(&state, &["destroy", name]);
