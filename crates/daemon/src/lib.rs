@@ -159,6 +159,8 @@ pub struct Daemon {
     /// VMMs run jailed, domain N's as user and group `jail + N`; None:
     /// not jailed (--no-jail).
     pub jail: Option<u32>,
+    /// How long a starting VMM has to answer on its API.
+    start_timeout: std::time::Duration,
     /// The TCP API's certificate fingerprint, when it listens on TCP.
     pub tls_fingerprint: std::sync::OnceLock<String>,
     db: Mutex<Db>,
@@ -314,7 +316,16 @@ pub struct Policy {
     /// VMMs run jailed ([`domus_jail`]), domain N's as user and group
     /// `jail + N`; None: not jailed (`--no-jail`).
     pub jail: Option<u32>,
+    /// How long a starting VMM has to answer on its API before the create
+    /// fails (`--start-timeout`, default [`START_TIMEOUT_S`]).
+    pub start_timeout_s: u64,
 }
+
+/// The default of [`Policy::start_timeout_s`]: a VMM answers within a
+/// second or two on an idle host, but many created at once on a busy one
+/// (64 on two slow CPUs) take tens of seconds, and a create should not fail
+/// only because the host is busy.
+pub const START_TIMEOUT_S: u64 = 60;
 
 /// The first user and group id of the jails' range by default: far above
 /// the ranges distributions give users and containers (subuid ranges
@@ -333,6 +344,7 @@ impl Policy {
             },
             seccomp: true,
             jail: None,
+            start_timeout_s: START_TIMEOUT_S,
         }
     }
 }
@@ -369,6 +381,7 @@ impl Daemon {
             files,
             seccomp,
             jail,
+            start_timeout_s,
         } = policy;
         std::fs::create_dir_all(state.join("domains"))?;
         std::fs::create_dir_all(state.join("images"))?;
@@ -382,6 +395,7 @@ impl Daemon {
             files,
             seccomp,
             jail,
+            start_timeout: std::time::Duration::from_secs(start_timeout_s),
             tls_fingerprint: std::sync::OnceLock::new(),
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),

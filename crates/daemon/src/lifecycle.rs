@@ -349,7 +349,7 @@ impl Daemon {
         // that may never come up.
         lock(&self.db).set_pid(r.id, pid, st)?;
         // Wait for the API to answer (or the VMM to fail).
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + self.start_timeout;
         let info = loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(dir.join("vmm.log")).unwrap_or_default();
@@ -378,7 +378,11 @@ impl Daemon {
                 let _ = child.wait();
                 return Err(Error::Start {
                     name: c.name.clone(),
-                    msg: "its API did not answer within 15 s".into(),
+                    msg: format!(
+                        "its API did not answer within {} s (a busy host may need a longer \
+                         `domus daemon --start-timeout`)",
+                        self.start_timeout.as_secs()
+                    ),
                 });
             }
             std::thread::sleep(Duration::from_millis(20));

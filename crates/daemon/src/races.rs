@@ -246,3 +246,34 @@ fn a_domain_restarted_too_often_is_left_crashed() {
     assert_nothing_left(&d, &state, &started.lock().unwrap());
     let _ = std::fs::remove_dir_all(state);
 }
+
+#[test]
+fn a_vmm_slower_than_the_start_timeout_is_stopped_and_a_patient_daemon_waits_for_it() {
+    // The stand-in's API answers after 2 s.
+    let slow = || StandIn::new(Duration::from_secs(2), None);
+    for (timeout_s, ok) in [(1, false), (10, true)] {
+        let stand_in = slow();
+        let started = stand_in.started.clone();
+        let policy = crate::Policy {
+            start_timeout_s: timeout_s,
+            ..crate::Policy::any()
+        };
+        let (d, state) =
+            crate::fakes::daemon_with(&format!("timeout{timeout_s}"), policy, host(stand_in));
+        let r = d.create("c.cfg", "/", &config("slow", ""), &[]);
+        if ok {
+            r.unwrap();
+            assert_eq!(d.find("slow").unwrap().state, State::Running);
+            d.destroy("slow").unwrap();
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("did not answer within 1 s") && e.contains("--start-timeout"),
+                "{e}"
+            );
+            assert!(d.find("slow").is_err(), "the failed create left its row");
+        }
+        assert_nothing_left(&d, &state, &started.lock().unwrap());
+        let _ = std::fs::remove_dir_all(state);
+    }
+}

@@ -102,8 +102,7 @@ fn host_files_outside_the_image_dirs_are_refused_before_anything_starts() {
     let policy = Policy {
         reserve_mib: 0,
         files: Files::new(vec![images.clone()], Vec::new()),
-        seccomp: true,
-        jail: None,
+        ..Policy::any()
     };
     let (d, state) = daemon_with("files", policy, host(s));
     let k = kernel.display();

@@ -114,6 +114,11 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "FIRST", default_value_t = domus_daemon::JAIL_ID_BASE,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub jail_ids: u32,
+    /// Seconds a starting VMM has to answer on its API before its create
+    /// fails. Many domains created at once on a busy host can need more.
+    #[arg(long, value_name = "SECS", default_value_t = domus_daemon::START_TIMEOUT_S,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub start_timeout: u64,
     /// Also serve the API over TLS on TCP at this host:port (requests need
     /// `Authorization: Bearer TOKEN`; the CLI reaches it through
     /// DOMUS_DAEMON_TCP, DOMUS_TLS_FINGERPRINT or DOMUS_TLS_CA, and
@@ -234,6 +239,7 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
             files: domus_daemon::paths::Files::new(image_dirs, a.block_device),
             seccomp: !a.no_seccomp,
             jail: (!a.no_jail).then_some(a.jail_ids),
+            start_timeout_s: a.start_timeout,
         },
         tcp,
         no_cgroups: a.no_cgroups,
