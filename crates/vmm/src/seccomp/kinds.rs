@@ -1,10 +1,11 @@
 //! A second filter per kind of thread, stacked on the process's allow-list
 //! (the union of the kinds' lists, [`super::allowed`]): the kernel runs
-//! every filter a thread has and the strictest answer wins, so each kind may
-//! make only its own calls. A thread inherits its creator's filters; so a kind that starts
-//! threads (vCPUs start device threads when the guest's driver activates a
-//! device; the API thread starts one per connection) lists what those
-//! threads need as well, and each device thread then adds its own kind's.
+//! every filter a thread has and the strictest answer wins, so each kind
+//! may make only its own calls. A thread inherits its creator's filters;
+//! so a kind that starts threads (vCPUs start device threads when the
+//! guest's driver activates a device; the API thread starts one per
+//! connection) lists what those threads need as well, and each device
+//! thread then adds its own kind's.
 //!
 //! Opening a file is answered with EACCES rather than a kill on every kind
 //! but the API's (a third filter, [`filters`]): glibc opens files of its
