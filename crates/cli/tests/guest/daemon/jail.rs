@@ -11,11 +11,38 @@ fn status_field(status: &str, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Each thread of VMM `pid`, by name, checked against the seccomp filters
+/// its kind adds: the process's and its kind's (two: its list, and one
+/// that refuses opens, but on the API's threads); a device thread, which a
+/// vCPU started when the guest's driver set the device up, has the vCPU's
+/// as well as its own. Threads that end meanwhile are left out.
+fn thread_filters(pid: i64) -> std::io::Result<Vec<String>> {
+    let mut seen = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let (comm, st) = (read("comm").trim().to_string(), read("status"));
+        let Some(n) = status_field(&st, "Seccomp_filters:").first().cloned() else {
+            continue;
+        };
+        let device = ["virtio-", "blk-io", "vsock-irq"]
+            .iter()
+            .any(|p| comm.starts_with(p));
+        let want = match comm.as_str() {
+            _ if device => "5",
+            "api" | "api-conn" => "2",
+            _ => "3",
+        };
+        assert_eq!(n, want, "thread {comm}: {st}");
+        seen.push(comm);
+    }
+    Ok(seen)
+}
+
 #[test]
 fn daemon_vmms_are_jailed() {
     let dir = scratch("jail");
     let state = dir.join("state");
-    let _daemon = start_daemon(&state);
+    let daemon = start_daemon(&state);
     // Two domains, each with a disk of its own.
     for name in ["ja", "jb"] {
         let img = dir.join(format!("{name}.img"));
@@ -85,33 +112,28 @@ fn daemon_vmms_are_jailed() {
         assert!(comm.starts_with("vcpu"), "{task}: {comm:?}");
     }
     // Every thread has the process's seccomp filter and its kind's on top
-    // of it (two: its list, and one that refuses opens, but on the API's
-    // threads); a device thread, which a vCPU started when the guest's
-    // driver set the device up, has the vCPU's as well as its own.
+    // of it (thread_filters), once the guest has set its devices up.
+    // A guest the nested host triple-faults is restarted by the daemon in a
+    // new VMM (README, "Known issues"), jailed the same: look at the one
+    // running then, a few times at most, and only if the log says so.
     let console = state.join(format!("domains/{}/console.log", a.id));
-    assert!(
-        wait_for_text(&console, "guest-up", 1, 90),
-        "the guest never came up"
-    );
-    let mut seen = Vec::new();
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", a.pid.unwrap())).unwrap();
-    for t in tasks.flatten() {
-        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-        let (comm, st) = (read("comm").trim().to_string(), read("status"));
-        let Some(n) = status_field(&st, "Seccomp_filters:").first().cloned() else {
-            continue; // ended while we looked
-        };
-        let device = ["virtio-", "blk-io", "vsock-irq"]
-            .iter()
-            .any(|p| comm.starts_with(p));
-        let want = match comm.as_str() {
-            _ if device => "5",
-            "api" | "api-conn" => "2",
-            _ => "3",
-        };
-        assert_eq!(n, want, "thread {comm}: {st}");
-        seen.push(comm);
-    }
+    let mut attempts = 0;
+    let seen = loop {
+        assert!(
+            wait_for_text(&console, "guest-up", 1, 90),
+            "the guest never came up"
+        );
+        let pid = find(&state, "ja").and_then(|d| d.pid).unwrap();
+        match thread_filters(pid) {
+            Ok(seen) => break seen,
+            Err(e) if attempts < 3 && triple_faulted(&daemon.log).contains(&"ja".to_string()) => {
+                eprintln!("VMM {pid} went away ({e}): its guest triple-faulted; again");
+                attempts += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => panic!("the threads of VMM {pid}: {e}"),
+        }
+    };
     for kind in ["domus", "vcpu0", "api", "fd-inbox", "virtio-blk", "blk-io0"] {
         assert!(seen.iter().any(|c| c == kind), "no {kind} thread: {seen:?}");
     }

@@ -87,13 +87,16 @@ impl Drop for TestDaemon {
             }
             // A failed test takes its daemon and domains down, so that they
             // do not slow the tests that run after it.
-            let _ = self.child.kill();
-            let _ = self.child.wait();
             let domains = self.state.join("domains");
             let _ = Command::new("pkill")
                 .args(["-9", "-f", &format!("api-socket {}/", domains.display())])
                 .status();
         }
+        // The daemon ends with its test, failed or not: it holds the test's
+        // stdout, and a daemon left running keeps whatever reads that open
+        // (a pipe in the nested host never ends).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
