@@ -11,12 +11,12 @@ use serde::Serialize;
 
 use crate::daemon::{
     AttachRequest, ConsoleChunk, CreateRequest, Created, DetachRequest, Domain, Info, LogLine,
-    Maxmem, MaxmemRequest, MemoryRequest, NameOrNumber, PinRequest, RenameRequest, Sched,
-    SchedRequest, Vcpu,
+    Maxmem, MaxmemRequest, MemoryRequest, NameOrNumber, PinRequest, RenameRequest, RestoreRequest,
+    SaveRequest, Saved, Sched, SchedRequest, Vcpu,
 };
 use crate::vmm::{
     BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, PlugRequest, Pressed, RateLimitUpdate,
-    Unplugging, VcpuAffinity, VcpuPin,
+    SnapshotInfo, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
 };
 use crate::ErrorBody;
 
@@ -171,6 +171,11 @@ impl VmmClient {
         self.conn.call("PUT", "/v1/domain/vcpu-pin", Some(pin))
     }
 
+    /// Saves the domain (`PUT /v1/domain/snapshot`).
+    pub fn snapshot(&self, req: &SnapshotRequest) -> Result<SnapshotInfo, ClientError> {
+        self.conn.call("PUT", "/v1/domain/snapshot", Some(req))
+    }
+
     /// Presses the ACPI power button (the guest decides what to do).
     pub fn power_button(&self) -> Result<Pressed, ClientError> {
         self.conn
@@ -272,6 +277,16 @@ impl DaemonClient {
 
     pub fn create(&self, req: &CreateRequest) -> Result<Created, ClientError> {
         self.conn.call("POST", "/v1/domains", Some(req))
+    }
+
+    /// save: the domain into `req.file`; destroyed afterwards, or paused.
+    pub fn save(&self, dom: &str, req: &SaveRequest) -> Result<Saved, ClientError> {
+        self.put(&format!("/v1/domains/{dom}/save"), Some(req))
+    }
+
+    /// restore: the domain saved in `req.file`, started again.
+    pub fn restore(&self, req: &RestoreRequest) -> Result<Created, ClientError> {
+        self.conn.call("POST", "/v1/restore", Some(req))
     }
 
     pub fn destroy(&self, dom: &str) -> Result<(), ClientError> {

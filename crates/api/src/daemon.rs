@@ -210,6 +210,46 @@ pub struct Created {
     pub warnings: Vec<String>,
 }
 
+/// `PUT /v1/domains/{dom}/save` (`domus save`): saves the domain into
+/// `file` (the state) and `file`.mem (its memory) beside it, in a
+/// directory the daemon serves images from; neither may exist yet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaveRequest {
+    /// An absolute path.
+    pub file: String,
+    /// Leave the domain paused afterwards (`domus save -p`) instead of
+    /// destroying it.
+    #[serde(default)]
+    pub pause: bool,
+}
+
+/// The answer to `PUT /v1/domains/{dom}/save`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Saved {
+    pub file: String,
+    pub memory_file: String,
+    pub memory_bytes: u64,
+    /// 4 KiB pages written (the rest were zero).
+    pub pages_stored: u64,
+    /// How long the guest was stopped for the save.
+    pub paused_ms: f64,
+    /// Whether the domain was destroyed afterwards (else it is paused).
+    pub destroyed: bool,
+}
+
+/// `POST /v1/restore` (`domus restore`): starts the domain saved in
+/// `file` again, under its saved name unless `name` gives another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// An absolute path, in a directory the daemon serves images from.
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
 /// `GET /v1/info`: the daemon and the host's memory as admission control
 /// counts it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

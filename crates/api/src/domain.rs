@@ -81,6 +81,11 @@ pub struct DomainConfig {
     /// A virtio-vsock device with this context id (`vsock = 'cid=N'`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock_cid: Option<u64>,
+    /// Let the host's KSM merge this domain's identical memory pages with
+    /// other pages (`mergeable = 1`; off by default: page sharing is a
+    /// side channel between domains).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mergeable: bool,
     pub on_poweroff: Action,
     pub on_reboot: Action,
     pub on_crash: Action,
@@ -154,6 +159,7 @@ mod tests {
                 ..Vif::default()
             }],
             vsock_cid: Some(7),
+            mergeable: false,
             on_poweroff: Action::Destroy,
             on_reboot: Action::Restart,
             on_crash: Action::Preserve,

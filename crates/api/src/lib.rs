@@ -15,12 +15,15 @@
 //! - [`spec`]: what a domain is made of ([`spec::VmSpec`], which
 //!   `domus run --config` reads), its disks and interfaces, in JSON or in
 //!   the command-line syntax, parsed and checked once.
+//! - [`snapshot`]: the snapshot file's envelope and the checks made
+//!   before it is trusted.
 //! - [`openapi`]: checks of both documents' schemas against these types.
 
 pub mod client;
 pub mod daemon;
 pub mod domain;
 pub mod openapi;
+pub mod snapshot;
 pub mod spec;
 pub mod vmm;
 

@@ -359,6 +359,11 @@ pub struct VmSpec {
     pub balloon_target_mib: Option<u64>,
     #[serde(default)]
     pub prefault: bool,
+    /// Guest memory open to the host's KSM (MADV_MERGEABLE): identical
+    /// pages of domains that allow it are shared. Off by default (a side
+    /// channel between domains).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mergeable: bool,
     /// A seccomp filter on every VMM thread: the system calls a running
     /// VMM needs, any other kills it.
     #[serde(default)]

@@ -202,6 +202,46 @@ pub struct BalloonTarget {
     pub target_mib: u64,
 }
 
+/// `PUT /v1/domain/snapshot`: saves the domain. Give either `path` (the
+/// VMM writes the state file there and the memory beside it, as
+/// `NAME.mem`) or, for a jailed VMM, `state_fd`, `memory_fd` and
+/// `memory_name`: tags of descriptors passed on its descriptor socket, open
+/// for writing, and the memory file's name beside the state file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<std::path::PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_fd: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_fd: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_name: Option<String>,
+    /// Let the domain run again once saved (default: it stays paused).
+    #[serde(default)]
+    pub resume: bool,
+    /// The daemon's record of the domain, kept in the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<crate::domain::DomainConfig>,
+}
+
+/// The answer to `PUT /v1/domain/snapshot`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotInfo {
+    /// Guest memory saved, and the 4 KiB pages of it written (the rest
+    /// were zero and are holes in the file).
+    pub memory_bytes: u64,
+    pub pages_stored: u64,
+    /// The state file's size.
+    pub state_bytes: u64,
+    /// How long the guest was stopped for it.
+    pub paused_ms: f64,
+    /// Whether the domain is paused now.
+    pub paused: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

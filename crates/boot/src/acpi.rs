@@ -4,10 +4,12 @@
 //! DSDT), where the pvpanic device is (DSDT, `QEMU0001`), and how the host
 //! presses the power button: a Generic Event Device (`ACPI0013`) whose
 //! interrupt makes the guest run `_EVT`, which reads the pending events from
-//! an I/O port and notifies the power button device (`PNP0C0C`).
+//! an I/O port and notifies the power button device (`PNP0C0C`), and the VM
+//! generation ID device (`VMGENCTR`, Linux's vmgenid driver: 16 bytes at
+//! `ADDR`, notified when a restore or a clone changed them).
 
 use crate::aml;
-use crate::layout::{ACPI_END, ACPI_START, IOAPIC_ADDR, LAPIC_ADDR};
+use crate::layout::{ACPI_START, IOAPIC_ADDR, LAPIC_ADDR, VMGENID_ADDR};
 
 const OEM_ID: &[u8; 6] = b"DOMUS ";
 const OEM_TABLE_ID: &[u8; 8] = b"DOMUSVMM";
@@ -40,6 +42,9 @@ pub struct AcpiConfig {
 /// Bits of the Generic Event Device's event port.
 pub const GED_POWER_BUTTON: u8 = 1;
 pub const GED_PCI_HOTPLUG: u8 = 2;
+/// The VM generation ID changed (a restore): the guest reads it again
+/// and reseeds its random number generator.
+pub const GED_VMGENID: u8 = 4;
 
 /// PCI slots 1..=31 can be hot-plugged.
 const HOTPLUG_SLOTS: std::ops::RangeInclusive<u32> = 1..=31;
@@ -223,7 +228,29 @@ fn dsdt(cfg: &AcpiConfig) -> Vec<u8> {
                                 GED_PCI_HOTPLUG.into(),
                                 &[aml::call("\\_SB.PCI0.PCNT")],
                             ),
+                            aml::if_and(
+                                aml::local(0),
+                                GED_VMGENID.into(),
+                                &[aml::notify("VGEN", 0x80)],
+                            ),
                         ],
+                    ),
+                ],
+            ),
+            // The VM generation ID: ADDR is its guest physical address as
+            // (low, high) dwords.
+            aml::device(
+                "VGEN",
+                &[
+                    aml::name("_HID", aml::string("VMGENCTR")),
+                    aml::name("_CID", aml::string("VM_Gen_Counter")),
+                    aml::name("_DDN", aml::string("VM_Gen_Counter")),
+                    aml::name(
+                        "ADDR",
+                        aml::package(&[
+                            aml::integer(VMGENID_ADDR & 0xffff_ffff),
+                            aml::integer(VMGENID_ADDR >> 32),
+                        ]),
                     ),
                 ],
             ),
@@ -282,7 +309,7 @@ pub fn build(cfg: &AcpiConfig) -> AcpiTables {
     }
     out.extend(sdt(b"XSDT", 1, &entries));
     assert!(
-        out.len() as u64 <= ACPI_END - ACPI_START,
+        out.len() as u64 <= VMGENID_ADDR - ACPI_START,
         "ACPI tables too large"
     );
 
@@ -412,6 +439,12 @@ mod tests {
         // OperationRegion(GEDR, SystemIO, 0x608, 1).
         assert!(has(&[
             0x5b, 0x80, b'G', b'E', b'D', b'R', 1, 0x0b, 0x08, 0x06, 1
+        ]));
+        // The VM generation ID device Linux's vmgenid driver matches, and
+        // its address: Name(ADDR, Package(2) {0xef000, 0}).
+        assert!(has(b"VMGENCTR\0"));
+        assert!(has(&[
+            b'A', b'D', b'D', b'R', 0x12, 0x08, 2, 0x0c, 0x00, 0xf0, 0x0e, 0, 0x00
         ]));
     }
 }

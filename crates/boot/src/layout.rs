@@ -25,6 +25,9 @@ pub const CMDLINE_MAX: usize = 2048;
 pub const EBDA_START: u64 = 0x9fc00;
 pub const ACPI_START: u64 = 0xe0000;
 pub const ACPI_END: u64 = 0xf0000;
+/// The VM generation ID (16 bytes), in the last page of the ACPI area (not
+/// RAM in the e820 map, so the guest never uses it for anything else).
+pub const VMGENID_ADDR: u64 = ACPI_END - 0x1000;
 pub const HIMEM_START: u64 = 0x100000;
 /// Where a CPU starts after reset (f000:fff0). Linux jumps here for a "BIOS"
 /// reboot, its last resort on a hardware-reduced ACPI platform without EFI.

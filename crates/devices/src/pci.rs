@@ -197,6 +197,37 @@ impl ConfigSpace {
         false
     }
 
+    /// The registers as a snapshot keeps them: the 256 bytes and where the
+    /// guest put each BAR.
+    pub fn state(&self) -> ConfigState {
+        ConfigState {
+            bytes: self.bytes.to_vec(),
+            bars: self.bars.iter().map(|b| b.map(|b| b.addr)).collect(),
+        }
+    }
+
+    /// Puts back what [`ConfigSpace::state`] saved over a function built the
+    /// same way (same BARs and capabilities); anything else is refused.
+    pub fn restore(&mut self, s: &ConfigState) -> Result<(), String> {
+        if s.bytes.len() != CONFIG_SIZE || s.bars.len() != self.bars.len() {
+            return Err("PCI config space: wrong size".into());
+        }
+        let fixed = |at: usize| self.writable[at] == 0;
+        // The identity must match: the same device in the same place.
+        if (0..REG_COMMAND).any(|at| fixed(at) && s.bytes[at] != self.bytes[at]) {
+            return Err("PCI config space: another device's identity".into());
+        }
+        for (bar, addr) in self.bars.iter_mut().zip(&s.bars) {
+            match (bar.as_mut(), addr) {
+                (Some(b), Some(a)) => b.addr = a & !(b.size - 1),
+                (None, None) => {}
+                _ => return Err("PCI config space: other BARs".into()),
+            }
+        }
+        self.bytes.copy_from_slice(&s.bytes);
+        Ok(())
+    }
+
     /// Memory BARs as (index, address, size).
     pub fn bars(&self) -> Vec<(usize, u64, u64)> {
         self.bars
@@ -205,6 +236,16 @@ impl ConfigSpace {
             .filter_map(|(i, b)| b.map(|b| (i, u64::from(b.addr), u64::from(b.size))))
             .collect()
     }
+}
+
+/// A function's configuration registers in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigState {
+    /// All 256 bytes (the BAR registers' own bytes are not used).
+    pub bytes: Vec<u8>,
+    /// Each BAR's address, or null where the function has no such BAR.
+    pub bars: Vec<Option<u32>>,
 }
 
 /// One MMIO range of a device, as the bus routes it.
@@ -233,6 +274,8 @@ impl Default for PciBus {
 pub enum BusError {
     #[error("no free PCI slot (at most {} devices)", SLOTS - 1)]
     Full,
+    #[error("PCI slot {0} is taken or does not exist")]
+    Taken(usize),
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -269,6 +312,26 @@ impl PciBus {
         };
         self.refresh();
         Ok(slot)
+    }
+
+    /// Puts `dev` in `slot` (a restored domain's devices go back where
+    /// they were); refused if the slot is taken or out of range.
+    pub fn add_at(&self, slot: usize, dev: SharedDevice) -> Result<(), BusError> {
+        {
+            let mut slots = write(&self.slots);
+            match slots.get_mut(slot) {
+                Some(s @ None) if slot > 0 => *s = Some(dev),
+                _ => return Err(BusError::Taken(slot)),
+            }
+        }
+        self.refresh();
+        Ok(())
+    }
+
+    /// Rebuilds the MMIO windows from the devices' BARs (after a restore
+    /// moved them).
+    pub fn refresh_windows(&self) {
+        self.refresh();
     }
 
     /// Takes the device out of `slot` (it stops answering at once) and

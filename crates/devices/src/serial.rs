@@ -50,6 +50,60 @@ impl SerialDevice {
     }
 }
 
+/// The UART's registers and receive FIFO in a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialState {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    /// Bytes the guest has not read yet (at most the FIFO's 64).
+    pub in_buffer: Vec<u8>,
+}
+
+impl SerialDevice {
+    pub fn state(&self) -> SerialState {
+        let s = self.uart.state();
+        SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// A UART in the saved state `s`; refused if its FIFO holds too much.
+    pub fn from_state(s: &SerialState, irq: EventFd, out: Output) -> Result<Self, String> {
+        let state = vm_superio::serial::SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        };
+        Serial::from_state(&state, EventFdTrigger(irq), NoEvents, out)
+            .map(|uart| Self { uart })
+            .map_err(|e| format!("serial: {e:?}"))
+    }
+}
+
 impl PioDevice for SerialDevice {
     fn read(&mut self, offset: u16, data: &mut [u8]) {
         data.fill(0);

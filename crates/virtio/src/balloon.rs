@@ -473,6 +473,27 @@ impl VirtioDevice for Balloon {
         crate::read_config_bytes(&c, offset, data);
     }
 
+    fn state(&self) -> crate::DeviceState {
+        crate::DeviceState::Balloon {
+            target_pages: self.handle.target_pages(),
+            actual_pages: self.handle.actual_pages(),
+        }
+    }
+
+    fn restore(&mut self, s: &crate::DeviceState) -> Result<(), String> {
+        let crate::DeviceState::Balloon {
+            target_pages,
+            actual_pages,
+        } = s
+        else {
+            return Err("the snapshot holds no balloon state for the balloon".into());
+        };
+        self.handle.set_target_pages(*target_pages);
+        let actual = u32::try_from(*actual_pages).map_err(|_| "balloon: actual too large")?;
+        self.handle.actual.store(actual, Ordering::SeqCst);
+        Ok(())
+    }
+
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // Only `actual` (bytes 4..8) is the driver's to write.
         let mut b = self.handle.actual.load(Ordering::SeqCst).to_le_bytes();

@@ -155,6 +155,21 @@ impl DeviceThread {
     }
 }
 
+/// What a device keeps beyond its queues and config registers, in a
+/// snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum DeviceState {
+    /// Nothing (block, net, rng, vsock: their configuration says it all).
+    #[default]
+    Stateless,
+    /// The balloon's target and the driver's `actual`, in 4 KiB pages.
+    Balloon {
+        target_pages: u64,
+        actual_pages: u64,
+    },
+}
+
 /// A virtio device model behind the transport.
 pub trait VirtioDevice: Send {
     fn device_type(&self) -> u32;
@@ -173,8 +188,21 @@ pub trait VirtioDevice: Send {
     /// Starts serving the queues (on DRIVER_OK).
     fn activate(&mut self, a: Activation) -> Result<(), ActivateError>;
     /// Stops serving and waits until no thread touches guest memory on the
-    /// device's behalf; the device can then be activated again.
+    /// device's behalf, every request taken from a queue completed in the
+    /// used ring (a snapshot resumes each queue at the used ring's index);
+    /// the device can then be activated again.
     fn reset(&mut self);
+    /// What the device keeps beyond its queues (see [`DeviceState`]).
+    fn state(&self) -> DeviceState {
+        DeviceState::Stateless
+    }
+    /// Puts back what [`VirtioDevice::state`] returned.
+    fn restore(&mut self, s: &DeviceState) -> Result<(), String> {
+        match s {
+            DeviceState::Stateless => Ok(()),
+            other => Err(format!("a device state of another kind: {other:?}")),
+        }
+    }
 }
 
 /// True if the driver's available index is further ahead of the device

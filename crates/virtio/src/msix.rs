@@ -226,6 +226,56 @@ impl Msix {
         }
     }
 
+    /// What a snapshot keeps: the table, the pending bits and the
+    /// capability's two control bits.
+    pub fn state(&self) -> MsixState {
+        MsixState {
+            entries: self
+                .entries
+                .iter()
+                .map(|e| [e.addr_lo, e.addr_hi, e.data, e.control])
+                .collect(),
+            pending: self.pending,
+            enabled: self.enabled,
+            function_masked: self.function_masked,
+        }
+    }
+
+    /// Puts back what [`Msix::state`] saved and routes every vector the
+    /// guest left unmasked; a table of another size is refused.
+    pub fn restore(&mut self, s: &MsixState) -> Result<(), String> {
+        if s.entries.len() != self.entries.len() {
+            return Err(format!(
+                "{} MSI-X vectors saved, the device has {}",
+                s.entries.len(),
+                self.entries.len()
+            ));
+        }
+        for (e, w) in self.entries.iter_mut().zip(&s.entries) {
+            *e = Entry {
+                addr_lo: w[0],
+                addr_hi: w[1],
+                data: w[2],
+                control: w[3] & 1,
+            };
+        }
+        let all = if self.entries.len() >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.entries.len()) - 1
+        };
+        self.pending = s.pending & all;
+        self.enabled = s.enabled;
+        self.function_masked = s.function_masked;
+        self.routed.fill(None);
+        for v in 0..self.entries.len() {
+            if !self.entries[v].masked() {
+                self.route(v);
+            }
+        }
+        Ok(())
+    }
+
     /// A read of the pending bit array.
     pub fn pba_read(&self, offset: u64, data: &mut [u8]) {
         let bytes = self.pending.to_le_bytes();
@@ -237,6 +287,17 @@ impl Msix {
                 .unwrap_or(0);
         }
     }
+}
+
+/// An MSI-X table as a snapshot keeps it: each entry as its four
+/// 32-bit words (address low, address high, data, vector control).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MsixState {
+    pub entries: Vec<[u32; 4]>,
+    pub pending: u64,
+    pub enabled: bool,
+    pub function_masked: bool,
 }
 
 /// What a device thread raises interrupts through: the queues' vectors as

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use domus_devices::bus::lock;
-use domus_devices::pci::{ConfigSpace, PciDevice, PciId};
+use domus_devices::pci::{ConfigSpace, ConfigState, PciDevice, PciId};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::msix::{self, Interrupt, Msix, Vector, NO_VECTOR};
-use crate::{Activation, ActiveQueue, Hypervisor, Memory, VirtioDevice};
+use crate::msix::{self, Interrupt, Msix, MsixState, Vector, NO_VECTOR};
+use crate::{Activation, ActiveQueue, DeviceState, Hypervisor, Memory, VirtioDevice};
 
 pub const VENDOR_VIRTIO: u16 = 0x1af4;
 /// Modern devices: 0x1040 + device type.
@@ -432,6 +432,182 @@ impl VirtioPci {
         let off = from_le(self.cfg.get(c + 8, 4));
         let len = from_le(self.cfg.get(c + 12, 4)) as usize;
         (bar, off, len)
+    }
+}
+
+/// A queue as the driver set it up, in a snapshot. Where the device is in
+/// the ring is not kept: a paused device has completed everything it
+/// took, so it resumes at the used ring's index.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueState {
+    pub size: u16,
+    pub ready: bool,
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
+    pub vector: u16,
+}
+
+/// A virtio PCI function in a snapshot: its PCI registers, what the
+/// driver programmed through the common config, MSI-X, and the device's
+/// own state.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioPciState {
+    pub device_type: u32,
+    pub config: ConfigState,
+    pub device_feature_select: u32,
+    pub driver_feature_select: u32,
+    pub driver_features: u64,
+    pub msix_config: u16,
+    pub status: u8,
+    pub config_generation: u8,
+    pub queue_select: u16,
+    pub queues: Vec<QueueState>,
+    pub isr: u8,
+    pub msix: MsixState,
+    pub device: DeviceState,
+}
+
+impl VirtioPci {
+    /// Stops the device for a snapshot: its threads end once every request
+    /// they took from a queue is completed, and its doorbells are
+    /// released; [`VirtioPci::resume`] starts it again. Returns what the
+    /// device keeps beyond its queues, read before it stopped.
+    pub fn quiesce(&mut self) -> DeviceState {
+        let kept = self.device.state();
+        self.device.reset();
+        if let Some(live) = self.live.take() {
+            for (_, fd, addr) in live.events {
+                if let Some(a) = addr {
+                    let _ = self.hv.unregister_ioevent(&fd, a);
+                }
+            }
+        }
+        kept
+    }
+
+    /// The function's state; `device` is what [`VirtioPci::quiesce`]
+    /// returned.
+    pub fn state(&self, device: DeviceState) -> VirtioPciState {
+        let c = &self.common;
+        VirtioPciState {
+            device_type: self.device.device_type(),
+            config: self.cfg.state(),
+            device_feature_select: c.device_feature_select,
+            driver_feature_select: c.driver_feature_select,
+            driver_features: c.driver_features,
+            msix_config: c.msix_config,
+            status: c.status,
+            config_generation: c.config_generation,
+            queue_select: c.queue_select,
+            queues: c
+                .queues
+                .iter()
+                .zip(&c.queue_vectors)
+                .map(|(q, v)| QueueState {
+                    size: q.size(),
+                    ready: q.ready(),
+                    desc_table: q.desc_table(),
+                    avail_ring: q.avail_ring(),
+                    used_ring: q.used_ring(),
+                    vector: *v,
+                })
+                .collect(),
+            isr: self.isr.load(Ordering::SeqCst),
+            msix: lock(&self.msix).state(),
+            device,
+        }
+    }
+
+    /// Puts a saved state on a stopped function built for the same device
+    /// (call [`VirtioPci::resume`] next). Everything is checked against
+    /// the device: a state that does not fit it is refused.
+    pub fn restore(&mut self, s: &VirtioPciState) -> Result<(), String> {
+        let sizes = self.device.queue_max_sizes();
+        if s.device_type != self.device.device_type() || s.queues.len() != sizes.len() {
+            return Err(format!(
+                "{}: the snapshot holds another kind of device",
+                self.name
+            ));
+        }
+        if s.driver_features & !self.device_features != 0 {
+            return Err(format!(
+                "{}: the driver had features this device does not offer here ({:#x})",
+                self.name,
+                s.driver_features & !self.device_features
+            ));
+        }
+        self.cfg
+            .restore(&s.config)
+            .map_err(|e| format!("{}: {e}", self.name))?;
+        let nvec = lock(&self.msix).len();
+        let vector = |v: u16| if usize::from(v) < nvec { v } else { NO_VECTOR };
+        let mut c = Common::new(&sizes);
+        for ((q, saved), max) in c.queues.iter_mut().zip(&s.queues).zip(&sizes) {
+            if saved.size > *max {
+                return Err(format!("{}: a queue larger than the device's", self.name));
+            }
+            q.set_size(saved.size);
+            q.set_desc_table_address(
+                Some(saved.desc_table as u32),
+                Some((saved.desc_table >> 32) as u32),
+            );
+            q.set_avail_ring_address(
+                Some(saved.avail_ring as u32),
+                Some((saved.avail_ring >> 32) as u32),
+            );
+            q.set_used_ring_address(
+                Some(saved.used_ring as u32),
+                Some((saved.used_ring >> 32) as u32),
+            );
+            q.set_ready(saved.ready);
+        }
+        c.queue_vectors = s.queues.iter().map(|q| vector(q.vector)).collect();
+        c.device_feature_select = s.device_feature_select;
+        c.driver_feature_select = s.driver_feature_select;
+        c.driver_features = s.driver_features;
+        c.msix_config = vector(s.msix_config);
+        c.status = s.status;
+        c.config_generation = s.config_generation;
+        c.queue_select = s.queue_select;
+        self.common = c;
+        self.isr.store(s.isr, Ordering::SeqCst);
+        lock(&self.msix)
+            .restore(&s.msix)
+            .map_err(|e| format!("{}: {e}", self.name))?;
+        self.device
+            .restore(&s.device)
+            .map_err(|e| format!("{}: {e}", self.name))
+    }
+
+    /// Starts a stopped device again if its driver had it running: each
+    /// queue goes on from the used ring's index, and every queue is
+    /// notified once, so requests the driver added while the device was
+    /// stopped are seen.
+    pub fn resume(&mut self) -> Result<(), String> {
+        let st = self.common.status;
+        if st & STATUS_DRIVER_OK == 0 || st & (STATUS_NEEDS_RESET | STATUS_FAILED) != 0 {
+            return Ok(());
+        }
+        for (i, q) in self.common.queues.iter_mut().enumerate() {
+            if !q.ready() {
+                continue;
+            }
+            let used = q
+                .used_idx(&*self.mem, std::sync::atomic::Ordering::Acquire)
+                .map_err(|e| format!("{}: queue {i}: used ring: {e}", self.name))?;
+            q.set_next_avail(used.0);
+            q.set_next_used(used.0);
+        }
+        self.activate().map_err(|e| format!("{}: {e}", self.name))?;
+        if let Some(live) = &self.live {
+            for (_, fd, _) in &live.events {
+                let _ = fd.write(1);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -6,8 +6,11 @@
 //! (a small relay thread stands in for a vector that is masked at
 //! activation). Host programs talk to the guest with
 //! ordinary `AF_VSOCK` sockets: connect to (guest CID, port), or listen on a
-//! port and let the guest connect to CID 2. The event queue (transport
-//! resets, which only live migration needs) is left to the guest.
+//! port and let the guest connect to CID 2. The event queue stays with
+//! us: a device restored from a snapshot (a new vhost, whose host ends
+//! know none of the guest's connections) sends the guest a transport
+//! reset there when it starts, so the guest drops its old connections at
+//! once and reads its CID again, instead of waiting on them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,6 +95,32 @@ pub struct Vsock {
     vhost_features: u64,
     counters: Arc<Counters>,
     running: Option<DeviceThread>,
+    /// Restored from a snapshot: tell the guest at the next activation.
+    reset_pending: bool,
+}
+
+/// The event queue's index, and its one event
+/// (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET, a little-endian u32 id of 0).
+const EVENT_QUEUE: usize = 2;
+const TRANSPORT_RESET: [u8; 4] = 0u32.to_le_bytes();
+
+/// Puts a transport reset in the guest's event queue and interrupts it;
+/// false if the guest left no buffer for it (or a bad one).
+fn send_transport_reset(q: &mut Queue, mem: &Memory, irq: &Interrupt) -> bool {
+    use vm_memory::Bytes;
+    let Some(chain) = q.pop_descriptor_chain(mem) else {
+        return false;
+    };
+    let head = chain.head_index();
+    let written = chain
+        .into_iter()
+        .find(|d| d.is_write_only() && d.len() >= 4)
+        .map(|d| mem.write_slice(&TRANSPORT_RESET, d.addr()).is_ok())
+        .unwrap_or(false);
+    let len = if written { 4 } else { 0 };
+    let _ = q.add_used(mem, head, len);
+    irq.queue(EVENT_QUEUE);
+    written
 }
 
 impl Vsock {
@@ -113,6 +142,7 @@ impl Vsock {
             vhost_features,
             counters: Arc::default(),
             running: None,
+            reset_pending: false,
         })
     }
 
@@ -243,11 +273,33 @@ impl VirtioDevice for Vsock {
         // Kept whatever happened: a jailed VMM cannot open another.
         self.vhost = Some(vhost);
         started.map_err(std::io::Error::other)?;
+        if std::mem::take(&mut self.reset_pending) {
+            let event = a.queues.into_iter().find(|q| q.index == EVENT_QUEUE);
+            let sent = event
+                .map(|mut q| send_transport_reset(&mut q.queue, &a.mem, &a.interrupt))
+                .unwrap_or(false);
+            if !sent {
+                crate::warn(
+                    "vsock",
+                    format_args!("no event buffer for the transport reset"),
+                );
+            }
+        }
         let (irq, counters) = (a.interrupt, self.counters.clone());
         self.running = Some(DeviceThread::spawn("vsock-irq", 128 << 10, move |kill| {
             relay(relayed, kill, irq, counters)
         })?);
         Ok(())
+    }
+
+    fn restore(&mut self, s: &crate::DeviceState) -> Result<(), String> {
+        match s {
+            crate::DeviceState::Stateless => {
+                self.reset_pending = true;
+                Ok(())
+            }
+            other => Err(format!("a device state of another kind: {other:?}")),
+        }
     }
 
     fn reset(&mut self) {

@@ -16,7 +16,7 @@ use domus_devices::bus::lock;
 use domus_api::request_body;
 use domus_api::vmm::{
     BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, PlugRequest, Pressed,
-    RateLimit, RateLimitUpdate, Unplugging, VcpuAffinity, VcpuPin,
+    RateLimit, RateLimitUpdate, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
 };
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
@@ -42,6 +42,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domain/resume"),
     ("PUT", "/v1/domain/power-button"),
     ("PUT", "/v1/domain/vcpu-pin"),
+    ("PUT", "/v1/domain/snapshot"),
     ("GET", "/v1/devices"),
     ("POST", "/v1/devices"),
     ("GET", "/v1/devices/{id}"),
@@ -64,6 +65,10 @@ pub struct Domain {
     /// Presses the ACPI power button.
     pub events: Arc<GedEvents>,
     pub hotplug: Option<Arc<dyn Hotplug>>,
+    /// Saves the domain (None only in tests).
+    pub snapshots: Option<Arc<crate::snapshot::Snapshotter>>,
+    /// Descriptors the supervisor passes a jailed VMM.
+    pub inbox: Option<Arc<domus_jail::fdpass::Inbox>>,
 }
 
 fn json<T: Serialize>(status: u16, v: &T) -> Response {
@@ -176,11 +181,11 @@ impl Domain {
             PlugRequest {
                 disk: Some(d),
                 net: None,
-            } => Plug::Disk(crate::config::disk_config(&d)),
+            } => Plug::Disk(d),
             PlugRequest {
                 disk: None,
                 net: Some(n),
-            } => Plug::Net(crate::config::net_config(&n)),
+            } => Plug::Net(n),
             _ => return Err(Response::error(400, "give exactly one of 'disk' or 'net'")),
         };
         // Held across the plug, so two plugs never pick the same name.
@@ -190,6 +195,18 @@ impl Domain {
         let info = Self::device_info(&d);
         devices.push(d);
         Ok(json(201, &info))
+    }
+
+    /// PUT /v1/domain/snapshot: saves the domain (see `snapshot::request`).
+    fn snapshot(&self, req: &Request) -> Result<Response, Response> {
+        let r = request_body::<SnapshotRequest>(req)?;
+        let snap = self
+            .snapshots
+            .as_ref()
+            .ok_or_else(|| Response::error(409, "this domain cannot be saved"))?;
+        crate::snapshot::request::handle(snap, self.inbox.as_deref(), r)
+            .map(|info| ok(&info))
+            .map_err(|(status, m)| Response::error(status, &m))
     }
 
     /// DELETE /v1/devices/{id}: asks the guest to let go of a disk or an
@@ -330,6 +347,7 @@ impl Domain {
                 )),
             },
             "/v1/domain/vcpu-pin" => self.pin_vcpus(req),
+            "/v1/domain/snapshot" => self.snapshot(req),
             "/v1/devices" if req.method == "POST" => self.plug(req),
             "/v1/devices" => Ok(ok(&lock(&self.devices)
                 .iter()
@@ -388,12 +406,15 @@ mod tests {
                 info: json!({"path": "/x"}),
                 stats: Arc::new(Fixed),
                 limiter: Some(Arc::new(Shared::new(Limits::default()).unwrap())),
+                function: None,
             }])),
             balloon: Some(Arc::new(BalloonHandle::new().unwrap())),
             events: GedEvents::new(
                 vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap(),
             ),
             hotplug: None,
+            snapshots: None,
+            inbox: None,
         }
     }
 
@@ -568,6 +589,7 @@ mod tests {
                     info: json!({"path": d.path.display().to_string()}),
                     stats: Arc::new(NoStats),
                     limiter: None,
+                    function: None,
                 })
             }
             fn unplug(&self, slot: usize) -> Result<(), String> {

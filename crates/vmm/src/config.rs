@@ -25,10 +25,11 @@ pub struct VmConfig {
     /// Guest memory in bytes.
     pub memory: u64,
     pub console: Console,
-    /// virtio-blk disks, in the order the guest sees them (vda, vdb, ...).
-    pub disks: Vec<DiskConfig>,
-    /// virtio-net interfaces on taps, in order (eth0, eth1, ...).
-    pub nets: Vec<NetConfig>,
+    /// virtio-blk disks, in the order the guest sees them (vda, vdb, ...),
+    /// checked.
+    pub disks: Vec<DiskSpec>,
+    /// virtio-net interfaces on taps, in order (eth0, eth1, ...), checked.
+    pub nets: Vec<NetSpec>,
     /// A virtio-vsock device with this CID (on the host's vhost-vsock).
     pub vsock_cid: Option<u64>,
     /// A virtio-rng device fed from the host's getrandom.
@@ -44,6 +45,8 @@ pub struct VmConfig {
     /// Populate all guest memory, and KVM's page tables for it, before the
     /// guest runs ([`crate::memory::prefault`]).
     pub prefault: bool,
+    /// Guest memory open to KSM (MADV_MERGEABLE).
+    pub mergeable: bool,
     /// Where to serve the domain's REST API.
     pub api_socket: Option<PathBuf>,
     /// The domain's name (shown by the API).
@@ -173,8 +176,8 @@ impl VmConfig {
             vcpus: s.vcpus,
             memory,
             console: s.console.clone(),
-            disks: s.disks.iter().map(disk_config).collect(),
-            nets: s.nets.iter().map(net_config).collect(),
+            disks: s.disks.clone(),
+            nets: s.nets.clone(),
             vsock_cid: s.vsock_cid,
             rng: s.rng,
             balloon: s.balloon,
@@ -191,6 +194,7 @@ impl VmConfig {
                 t => t.map(|t| t << 20),
             },
             prefault: s.prefault,
+            mergeable: s.mergeable,
             seccomp: s.seccomp,
             api_socket: s.api_socket.clone(),
             name: s.name.clone(),
@@ -198,11 +202,46 @@ impl VmConfig {
         })
     }
 
+    /// The spec this configuration came from, less what only concerns
+    /// the VMM process (API socket, exit file, jail): what a snapshot
+    /// keeps of the domain.
+    pub fn spec(&self) -> VmSpec {
+        VmSpec {
+            name: self.name.clone(),
+            kernel: self.kernel.clone(),
+            initrd: self.initrd.clone(),
+            cmdline: self.cmdline.clone(),
+            vcpus: self.vcpus,
+            memory_mib: self.memory >> 20,
+            console: self.console.clone(),
+            disks: self.disks.clone(),
+            nets: self.nets.clone(),
+            vsock_cid: self.vsock_cid,
+            rng: self.rng,
+            balloon: self.balloon,
+            balloon_target_mib: self.balloon_target.map(|b| b >> 20),
+            prefault: self.prefault,
+            mergeable: self.mergeable,
+            seccomp: self.seccomp,
+            api_socket: None,
+            exit_file: None,
+            jail: None,
+        }
+    }
+
     /// Checks everything that does not need KVM; `max_vcpus` comes from KVM.
-    pub fn validate(&self, max_vcpus: u32, host_memory: u64) -> Result<(), ConfigError> {
-        check_file("kernel", &self.kernel)?;
-        if let Some(i) = &self.initrd {
-            check_file("initrd", i)?;
+    /// A restored domain (`boot` false) needs no kernel or initrd.
+    pub fn validate(
+        &self,
+        max_vcpus: u32,
+        host_memory: u64,
+        boot: bool,
+    ) -> Result<(), ConfigError> {
+        if boot {
+            check_file("kernel", &self.kernel)?;
+            if let Some(i) = &self.initrd {
+                check_file("initrd", i)?;
+            }
         }
         if self.vcpus == 0 {
             return Err(ConfigError::NoVcpus);
@@ -243,6 +282,7 @@ mod tests {
             balloon_target: None,
             seccomp: false,
             prefault: false,
+            mergeable: false,
             api_socket: None,
             jail: None,
             name: "t".into(),
@@ -294,9 +334,9 @@ mod tests {
         .unwrap();
         let c = VmConfig::from_spec(&spec).unwrap();
         assert_eq!(c.memory, 512 << 20);
-        assert!(c.disks[0].read_only);
-        assert_eq!(c.disks[0].limits.bytes_per_sec, Some(1 << 20));
-        assert_eq!(c.nets[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
+        assert!(disk_config(&c.disks[0]).read_only);
+        assert_eq!(disk_config(&c.disks[0]).limits.bytes_per_sec, Some(1 << 20));
+        assert_eq!(net_config(&c.nets[0]).mac, Some([0x52, 0x54, 0, 0, 0, 1]));
         let mut bad = spec.clone();
         bad.nets[0].mac = Some("01:00:00:00:00:00".into());
         assert!(VmConfig::from_spec(&bad).unwrap_err().contains("multicast"));
@@ -309,37 +349,37 @@ mod tests {
     fn validation() {
         let exe = std::env::current_exe().unwrap();
         let c = cfg(&exe);
-        assert_eq!(c.validate(4, 1 << 34), Ok(()));
+        assert_eq!(c.validate(4, 1 << 34, true), Ok(()));
         let e = cfg(Path::new("/nonexistent/vmlinuz"))
-            .validate(4, 1 << 34)
+            .validate(4, 1 << 34, true)
             .unwrap_err();
         assert_eq!(e.to_string(), "kernel /nonexistent/vmlinuz: no such file");
-        let e = cfg(Path::new("/")).validate(4, 1 << 34).unwrap_err();
+        let e = cfg(Path::new("/")).validate(4, 1 << 34, true).unwrap_err();
         assert!(e.to_string().ends_with("is a directory"));
         let mut c2 = c.clone();
         c2.initrd = Some("/nonexistent/initrd".into());
         assert!(c2
-            .validate(4, 1 << 34)
+            .validate(4, 1 << 34, true)
             .unwrap_err()
             .to_string()
             .starts_with("initrd "));
         let mut c2 = c.clone();
         c2.vcpus = 0;
-        assert_eq!(c2.validate(4, 1 << 34), Err(ConfigError::NoVcpus));
+        assert_eq!(c2.validate(4, 1 << 34, true), Err(ConfigError::NoVcpus));
         c2.vcpus = 5;
         assert_eq!(
-            c2.validate(4, 1 << 34),
+            c2.validate(4, 1 << 34, true),
             Err(ConfigError::TooManyVcpus(5, 4))
         );
         let mut c2 = c.clone();
         c2.memory = 32 << 20;
         assert_eq!(
-            c2.validate(4, 1 << 34),
+            c2.validate(4, 1 << 34, true),
             Err(ConfigError::TooLittleMemory(32))
         );
         c2.memory = 1 << 35;
         assert!(matches!(
-            c2.validate(4, 1 << 34),
+            c2.validate(4, 1 << 34, true),
             Err(ConfigError::TooMuchMemory(32768, 16384))
         ));
     }

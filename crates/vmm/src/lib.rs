@@ -1,7 +1,8 @@
 //! The Domus VMM: one domain in one process. [`config`] checks what the user
 //! asked for, [`vm`] builds the KVM VM, loads the kernel and runs vCPU threads
 //! until the guest powers off, resets or crashes, [`cpuid`] and [`vcpu`] set up
-//! the virtual CPUs, and [`probe`] tells whether /dev/kvm runs kernel code at
+//! the virtual CPUs, [`snapshot`] saves a domain and gives a restore its
+//! pieces, and [`probe`] tells whether /dev/kvm runs kernel code at
 //! hardware speed.
 
 pub mod affinity;
@@ -18,11 +19,12 @@ pub mod pause;
 pub mod probe;
 pub mod registry;
 pub mod seccomp;
+pub mod snapshot;
 pub mod vcpu;
 pub mod vm;
 
 pub use config::{Console, VmConfig};
-pub use vm::{run, ExitReason};
+pub use vm::{run, ExitReason, Restore};
 
 /// Errors of the VMM. [`Error::is_user_error`] separates bad input (exit
 /// status 2) from failures of the host or of KVM.
@@ -78,6 +80,8 @@ pub enum Error {
     Vsock(#[from] domus_virtio::vsock::VsockError),
     #[error("{0}")]
     Devices(String),
+    #[error("restoring: {0}")]
+    Snapshot(#[from] snapshot::SnapshotError),
 }
 
 impl Error {
@@ -92,6 +96,13 @@ impl Error {
                 | Error::Disk(_)
                 | Error::Net(_)
                 | Error::Vsock(_)
+                | Error::Snapshot(
+                    snapshot::SnapshotError::File(_)
+                        | snapshot::SnapshotError::Cpu(_)
+                        | snapshot::SnapshotError::MemoryTruncated { .. }
+                        | snapshot::SnapshotError::MemoryCorrupt { .. }
+                        | snapshot::SnapshotError::Machine(_)
+                )
         )
     }
 }

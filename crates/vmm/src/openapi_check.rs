@@ -55,6 +55,20 @@ fn the_openapi_schemas_match_the_api_types() {
         &[sample(&limited)],
         false,
     );
+    let saved = SnapshotInfo {
+        memory_bytes: 1,
+        pages_stored: 1,
+        state_bytes: 1,
+        paused_ms: 0.5,
+        paused: true,
+    };
+    check_schema(
+        &doc,
+        "SnapshotInfo",
+        &schemas["SnapshotInfo"],
+        &[sample(&saved)],
+        true,
+    );
     let balloon = |age| BalloonInfo {
         target_mib: 1,
         balloon_target_mib: 2,

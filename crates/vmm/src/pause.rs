@@ -8,7 +8,13 @@
 //! [`Pause::pause`] repeats it until every vCPU has parked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use kvm_ioctls::VcpuFd;
+
+/// Work a parked vCPU thread does on its own vCPU (reading its state for a
+/// snapshot), given its index.
+pub type Work = Arc<dyn Fn(u32, &VcpuFd) + Send + Sync>;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -20,6 +26,10 @@ struct State {
     threads: Vec<(libc::pthread_t, i32)>,
     /// vCPU threads that have ended (they count as parked).
     gone: usize,
+    /// The work parked vCPUs are asked to do, numbered.
+    work: Option<(u64, Work)>,
+    /// Parked vCPUs that have done the current work.
+    work_done: usize,
 }
 
 #[derive(Default)]
@@ -34,6 +44,8 @@ pub struct Pause {
 pub enum PauseError {
     #[error("the vCPUs did not stop within {0:?}")]
     Timeout(Duration),
+    #[error("the domain is not paused")]
+    NotPaused,
 }
 
 /// The real-time signal that kicks vCPU threads out of `KVM_RUN`.
@@ -84,8 +96,9 @@ impl Pause {
     }
 
     /// A vCPU thread calls this between `KVM_RUN`s; it blocks while the
-    /// domain is paused.
-    pub fn checkpoint(&self) {
+    /// domain is paused, and meanwhile does the [`Work`] it is given on
+    /// `vcpu` (its index and descriptor).
+    pub fn checkpoint(&self, vcpu: Option<(u32, &VcpuFd)>) {
         if !self.paused.load(Ordering::Acquire) {
             return;
         }
@@ -95,10 +108,48 @@ impl Pause {
         }
         s.parked += 1;
         self.cv.notify_all();
+        let mut done = s.work.as_ref().map_or(0, |w| w.0);
         while s.paused {
+            if let Some((n, w)) = s.work.clone().filter(|(n, _)| *n != done) {
+                drop(s);
+                if let Some((id, fd)) = vcpu {
+                    w(id, fd);
+                }
+                s = self.lock();
+                done = n;
+                s.work_done += 1;
+                self.cv.notify_all();
+                continue;
+            }
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         s.parked -= 1;
+    }
+
+    /// Has every parked vCPU of a paused domain do `work`, and returns once
+    /// all have.
+    pub fn on_vcpus(&self, work: Work, timeout: Duration) -> Result<(), PauseError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        if !s.paused {
+            return Err(PauseError::NotPaused);
+        }
+        let n = s.work.as_ref().map_or(0, |w| w.0) + 1;
+        s.work = Some((n, work));
+        s.work_done = 0;
+        self.cv.notify_all();
+        while s.work_done < s.parked {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(PauseError::Timeout(timeout));
+            }
+            s = self
+                .cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
     }
 
     /// Stops every vCPU of a domain with `vcpus` vCPUs and returns once all
@@ -133,6 +184,13 @@ impl Pause {
         }
     }
 
+    /// Marks the domain paused before its vCPUs start (a restore of a
+    /// paused domain): each parks before its first instruction.
+    pub fn hold(&self) {
+        self.lock().paused = true;
+        self.paused.store(true, Ordering::Release);
+    }
+
     /// Lets the vCPUs run again. Resuming a running domain does nothing.
     pub fn resume(&self) {
         let mut s = self.lock();
@@ -164,7 +222,7 @@ mod tests {
                     // Stands in for KVM_RUN: sleeps, and a signal ends it.
                     std::thread::sleep(Duration::from_micros(200));
                     work.fetch_add(1, Ordering::Relaxed);
-                    p.checkpoint();
+                    p.checkpoint(None);
                 }
                 p.unregister_current();
             }));

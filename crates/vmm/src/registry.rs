@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
-use domus_virtio::block::DiskConfig;
-use domus_virtio::net::NetConfig;
+use std::sync::Mutex;
+
+use domus_api::spec::{DiskSpec, NetSpec};
+use domus_virtio::pci::VirtioPci;
 use domus_virtio::ratelimit::Shared;
 use domus_virtio::Stats;
 use serde_json::Value;
@@ -25,13 +27,35 @@ pub struct Device {
     pub info: Value,
     pub stats: Arc<dyn Stats>,
     pub limiter: Option<Arc<Shared>>,
+    /// What a snapshot needs of it: how to build it again and its
+    /// transport (None only for stand-ins in tests).
+    pub function: Option<Function>,
+}
+
+/// A device's PCI function and what it was made from.
+#[derive(Clone)]
+pub struct Function {
+    pub spec: DeviceSpec,
+    pub transport: Arc<Mutex<VirtioPci>>,
+}
+
+/// What a device is made from, as a snapshot keeps it: a restore builds
+/// the same device again from it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum DeviceSpec {
+    Block { disk: DiskSpec },
+    Net { net: NetSpec },
+    Vsock { cid: u64 },
+    Rng,
+    Balloon,
 }
 
 /// A device to hot-plug, in the syntax of `domus run`'s options.
 #[derive(Debug)]
 pub enum Plug {
-    Disk(DiskConfig),
-    Net(NetConfig),
+    Disk(DiskSpec),
+    Net(NetSpec),
 }
 
 /// Adds devices to the running domain and asks the guest to let go of

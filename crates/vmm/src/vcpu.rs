@@ -166,8 +166,9 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &Buses) -> Option<Stop> {
 
 /// Runs a vCPU until it or the guest stops the domain; reports to `stop`.
 /// Between runs it parks while `pause` says so.
-pub fn run_loop(mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>, pause: Arc<Pause>) {
+pub fn run_loop(id: u32, mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>, pause: Arc<Pause>) {
     pause.register_current();
+    pause.checkpoint(Some((id, &vcpu)));
     loop {
         let s = match vcpu.run() {
             Ok(exit) => handle_exit(exit, &bus),
@@ -179,7 +180,7 @@ pub fn run_loop(mut vcpu: VcpuFd, bus: Buses, stop: Sender<Stop>, pause: Arc<Pau
             let _ = stop.send(s);
             return;
         }
-        pause.checkpoint();
+        pause.checkpoint(Some((id, &vcpu)));
     }
 }
 

@@ -4,6 +4,7 @@ use std::fs::File;
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 
+use domus_api::snapshot::MemoryImage;
 use domus_boot::acpi::{self, AcpiConfig};
 use domus_boot::layout::{self, ACPI_START, CMDLINE_ADDR, KVM_TSS_ADDR, ZERO_PAGE_ADDR};
 use domus_boot::{kernel, longmode, params};
@@ -12,10 +13,7 @@ use domus_devices::pci::{self, PciBus};
 use domus_devices::platform::{self, AcpiPm, Ged, GedEvents, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
-use domus_virtio::balloon::{Balloon, BalloonHandle};
-use domus_virtio::rng::Rng;
-use domus_virtio::vsock::Vsock;
-use domus_virtio::VirtioDevice;
+use domus_virtio::balloon::BalloonHandle;
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
@@ -27,11 +25,12 @@ use crate::api;
 use crate::config::{host_memory, io_reason, ConfigError, VmConfig};
 use crate::console;
 use crate::cpuid;
-use crate::hotplug;
+use crate::hotplug::{self, Board};
 use crate::irq::KvmIrqs;
 use crate::pause::{self, Pause};
-use crate::registry::{self, disk_name};
+use crate::registry::{self, disk_name, DeviceSpec};
 use crate::seccomp::{self, Kind};
+use crate::snapshot::{self, SnapshotError};
 use crate::vcpu::{self, Buses, Stop};
 use crate::{kvm_err, Error, Result};
 
@@ -184,87 +183,99 @@ fn write_boot_data(
     Ok((k, segments))
 }
 
-/// The domain's virtio devices and what the API shows of each.
+/// Writes a new, random VM generation ID where the guest's vmgenid driver
+/// reads it (`layout::VMGENID_ADDR`): at boot, and at every restore (each
+/// restored copy of a snapshot is a new generation, whose random number
+/// generator the guest reseeds when notified).
+fn new_generation(mem: &GuestMemoryMmap) -> Result<()> {
+    let mut id = [0u8; 16];
+    // SAFETY: getrandom(2) writes at most `id.len()` bytes into `id`.
+    let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
+    if n != id.len() as isize {
+        return Err(Error::Io(
+            "a VM generation ID",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    mem.write_slice(&id, GuestAddress(layout::VMGENID_ADDR))?;
+    Ok(())
+}
+
+/// The domain's virtio devices, plugged: their API entries and the
+/// balloon's handle.
 struct Devices {
-    virtio: Vec<Box<dyn VirtioDevice>>,
     api: Vec<registry::Device>,
     balloon: Option<Arc<BalloonHandle>>,
 }
 
-/// The domain's virtio devices: disks (vda, vdb, ... in order), the entropy
-/// device, the balloon.
-fn virtio_devices(cfg: &VmConfig, mem: &Arc<GuestMemoryMmap>) -> Result<Devices> {
-    let mut devices: Vec<(Box<dyn VirtioDevice>, registry::Device)> = Vec::new();
-    let mut balloon = None;
+/// The configured devices, from slot 1 in order: disks (vda, vdb, ...),
+/// interfaces, vsock, the entropy device, the balloon.
+fn boot_devices(cfg: &VmConfig, board: &Board<'_>) -> Result<Devices> {
+    let mut specs: Vec<(DeviceSpec, String)> = Vec::new();
     for (i, d) in cfg.disks.iter().enumerate() {
-        devices.push(hotplug::disk_device(d, disk_name(i), None)?);
+        specs.push((DeviceSpec::Block { disk: d.clone() }, disk_name(i)));
     }
     for (i, n) in cfg.nets.iter().enumerate() {
-        devices.push(hotplug::net_device(n, format!("net{i}"), None)?);
+        specs.push((DeviceSpec::Net { net: n.clone() }, format!("net{i}")));
     }
     if let Some(cid) = cfg.vsock_cid {
-        let v = Vsock::new(cid, mem.clone())?;
-        let a = registry::Device {
-            id: "vsock0".into(),
-            slot: 0,
-            kind: "vsock",
-            info: serde_json::json!({"cid": v.cid(), "backend": "vhost-vsock"}),
-            stats: v.counters(),
-            limiter: None,
-        };
-        devices.push((Box::new(v), a));
+        specs.push((DeviceSpec::Vsock { cid }, "vsock0".into()));
     }
     if cfg.rng {
-        let r = Rng::new();
-        let a = registry::Device {
-            id: "rng0".into(),
-            slot: 0,
-            kind: "rng",
-            info: serde_json::json!({"source": "getrandom"}),
-            stats: r.counters(),
-            limiter: None,
-        };
-        devices.push((Box::new(r), a));
+        specs.push((DeviceSpec::Rng, "rng0".into()));
     }
     if cfg.balloon {
-        let b = Balloon::new().map_err(|e| Error::Io("creating the balloon", e))?;
-        if let Some(keep) = cfg.balloon_target {
-            // The balloon holds what the guest gives up, in 4 KiB pages.
-            b.handle()
-                .set_target_pages((cfg.memory - keep.min(cfg.memory)) >> 12);
-        }
-        let a = registry::Device {
-            id: "balloon0".into(),
-            slot: 0,
-            kind: "balloon",
-            info: serde_json::json!({"free_page_reporting": true, "statistics": true}),
-            stats: b.handle(),
-            limiter: None,
-        };
-        balloon = Some(b.handle());
-        devices.push((Box::new(b), a));
+        specs.push((DeviceSpec::Balloon, "balloon0".into()));
     }
-    let (virtio, api) = devices.into_iter().unzip();
-    Ok(Devices {
-        virtio,
-        api,
-        balloon,
-    })
+    let mut out = Devices {
+        api: Vec::new(),
+        balloon: None,
+    };
+    for (spec, id) in specs {
+        let p = hotplug::build_and_plug(&spec, id, None, board)?;
+        if let Some(b) = &p.balloon {
+            if let Some(keep) = cfg.balloon_target {
+                // The balloon holds what the guest gives up, in 4 KiB pages.
+                b.set_target_pages((cfg.memory - keep.min(cfg.memory)) >> 12);
+            }
+        }
+        out.balloon = out.balloon.or(p.balloon);
+        out.api.push(p.entry);
+    }
+    Ok(out)
 }
 
-/// The PCI bus with the domain's virtio devices, in order from slot 1; the
-/// API entries learn their slots.
-fn pci_bus(
-    devices: Vec<Box<dyn VirtioDevice>>,
-    api: &mut [registry::Device],
-    mem: &Arc<GuestMemoryMmap>,
-    irqs: &Arc<KvmIrqs>,
-) -> Result<PciBus> {
-    let bus = PciBus::new();
-    for (dev, a) in devices.into_iter().zip(api.iter_mut()) {
-        a.slot = hotplug::plug(&bus, irqs, mem, a.id.clone(), dev)?;
+/// A restored domain's devices, each in its saved slot with its saved
+/// transport state (started later, by [`resume_devices`]).
+fn restored_devices(saved: &[snapshot::PciDeviceState], board: &Board<'_>) -> Result<Devices> {
+    let mut out = Devices {
+        api: Vec::new(),
+        balloon: None,
+    };
+    for d in saved {
+        let p = hotplug::build_and_plug(&d.spec, d.id.clone(), Some(d.slot), board)?;
+        if let Some(f) = &p.entry.function {
+            domus_devices::bus::lock(&f.transport)
+                .restore(&d.transport)
+                .map_err(|e| Error::Snapshot(SnapshotError::Device(e)))?;
+        }
+        out.balloon = out.balloon.or(p.balloon);
+        out.api.push(p.entry);
     }
-    Ok(bus)
+    board.bus.refresh_windows();
+    Ok(out)
+}
+
+/// Starts the restored devices the guest's drivers had running.
+fn resume_devices(devices: &Mutex<Vec<registry::Device>>) -> Result<()> {
+    for d in domus_devices::bus::lock(devices).iter() {
+        if let Some(f) = &d.function {
+            domus_devices::bus::lock(&f.transport)
+                .resume()
+                .map_err(|e| Error::Snapshot(SnapshotError::Device(e)))?;
+        }
+    }
+    Ok(())
 }
 
 /// The port I/O bus with COM1 and the platform devices.
@@ -323,17 +334,36 @@ fn bind(
     .transpose()
 }
 
-/// Boots the domain and blocks until it ends.
-pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
+/// What a restore starts from: the snapshot's machine state (its devices
+/// already renamed as the restore asks, see
+/// [`snapshot::renamed_devices`]), its memory image and the open memory
+/// file.
+pub struct Restore {
+    pub machine: snapshot::Machine,
+    pub memory: MemoryImage,
+    pub memory_file: File,
+    /// The domain was paused when saved: it restores paused.
+    pub paused: bool,
+}
+
+/// Boots the domain, or restores it from a snapshot, and blocks until it
+/// ends.
+pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
     // Input checks that need no KVM come first, so bad input is reported as
     // such even on a host without /dev/kvm.
     let host_mem = host_memory().unwrap_or(u64::MAX);
-    cfg.validate(u32::MAX, host_mem)?;
-    let mut kernel_file = open_checked("kernel", &cfg.kernel)?;
-    kernel::probe(&mut kernel_file).map_err(|source| Error::Kernel {
-        path: cfg.kernel.display().to_string(),
-        source,
-    })?;
+    let boot = restore.is_none();
+    cfg.validate(u32::MAX, host_mem, boot)?;
+    let kernel_file = if boot {
+        let mut f = open_checked("kernel", &cfg.kernel)?;
+        kernel::probe(&mut f).map_err(|source| Error::Kernel {
+            path: cfg.kernel.display().to_string(),
+            source,
+        })?;
+        Some(f)
+    } else {
+        None
+    };
     let cmdline = params::cmdline_bytes(&cfg.cmdline)?;
     let api_listener = bind("API socket", cfg.api_socket.as_deref())?;
     // Bound now, served once jailed: the supervisor passes descriptors of
@@ -341,7 +371,27 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     let fd_socket = cfg.jail.as_ref().and_then(|j| j.fd_socket.as_deref());
     let fd_listener = bind("descriptor socket", fd_socket)?;
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
-    cfg.validate(max_vcpus(&kvm), host_mem)?;
+    cfg.validate(max_vcpus(&kvm), host_mem, boot)?;
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    // The guest keeps the CPUID it was given; refused here if this host
+    // cannot offer it.
+    let base_cpuid = match &restore {
+        Some(r) => {
+            snapshot::kvm::check_cpuid(&r.machine.cpuid, &supported)?;
+            if r.machine.vcpus.len() != cfg.vcpus as usize {
+                return Err(SnapshotError::Machine(format!(
+                    "{} vCPUs saved, the domain has {}",
+                    r.machine.vcpus.len(),
+                    cfg.vcpus
+                ))
+                .into());
+            }
+            snapshot::kvm::cpuid_from(&r.machine.cpuid)?
+        }
+        None => supported,
+    };
 
     let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
     vm.set_tss_address(KVM_TSS_ADDR as usize)
@@ -354,29 +404,61 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     })
     .map_err(kvm_err("KVM_CREATE_PIT2"))?;
 
-    let mem = Arc::new(
-        crate::memory::allocate(&layout::ram_ranges(cfg.memory))
-            .map_err(|e| Error::Memory(cfg.memory >> 20, e))?,
-    );
+    let ranges = layout::ram_ranges(cfg.memory);
+    let mem = Arc::new(match &restore {
+        Some(r) => {
+            let m = &r.memory;
+            snapshot::memory::check(&m.regions, &ranges, &r.memory_file, m.bytes)?;
+            snapshot::memory::map(&m.regions, &r.memory_file)?
+        }
+        None => crate::memory::allocate(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?,
+    });
     register_memory(&vm, &mem)?;
+    if cfg.mergeable {
+        crate::memory::mergeable(&mem)
+            .map_err(|e| Error::Io("MADV_MERGEABLE on guest memory", e))?;
+    }
 
-    let (k, segments) = write_boot_data(cfg, &mem, &mut kernel_file, &cmdline)?;
+    let entry = match kernel_file {
+        Some(mut f) => Some(write_boot_data(cfg, &mem, &mut f, &cmdline)?),
+        None => None,
+    };
+    // Read before the VM's clock is set: the vCPUs' TSCs move on by as
+    // much as kvmclock does.
+    let away = restore
+        .as_ref()
+        .and_then(|r| snapshot::kvm::time_away(&r.machine.vm));
+    if let Some(r) = &restore {
+        snapshot::kvm::restore_vm(&vm, &r.machine.vm)?;
+    }
+    new_generation(&mem)?;
 
     // Platform devices.
     let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
     vm.register_irqfd(&irq, COM1_IRQ)
         .map_err(kvm_err("KVM_IRQFD"))?;
-    let serial = Arc::new(Mutex::new(SerialDevice::new(
-        irq,
-        console::output(&cfg.console)?,
-    )));
+    let out = console::output(&cfg.console)?;
+    let serial = Arc::new(Mutex::new(match &restore {
+        Some(r) => SerialDevice::from_state(&r.machine.serial, irq, out)
+            .map_err(|e| Error::Snapshot(SnapshotError::Machine(e)))?,
+        None => SerialDevice::new(irq, out),
+    }));
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
     vm.register_irqfd(&ged_irq, platform::GED_GSI)
         .map_err(kvm_err("KVM_IRQFD"))?;
     let events = GedEvents::new(ged_irq);
     let irqs = Arc::new(KvmIrqs::new(vm.clone()));
-    let mut devices = virtio_devices(cfg, &mem)?;
-    let pci = Arc::new(pci_bus(devices.virtio, &mut devices.api, &mem, &irqs)?);
+    let pci = Arc::new(PciBus::new());
+    let board = Board {
+        bus: &pci,
+        irqs: &irqs,
+        mem: &mem,
+        inbox: None,
+    };
+    let devices = match &restore {
+        Some(r) => restored_devices(&r.machine.devices, &board)?,
+        None => boot_devices(cfg, &board)?,
+    };
     let api_devices = Arc::new(Mutex::new(devices.api));
     let ports = {
         let (pci, list) = (pci.clone(), api_devices.clone());
@@ -391,9 +473,6 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
     };
 
     // vCPUs.
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
     let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
     let (stop_tx, stop_rx) = channel();
     let pause = Arc::new(Pause::default());
@@ -403,25 +482,53 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         let vcpu = vm
             .create_vcpu(u64::from(id))
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-        let mut c = supported.clone();
+        let mut c = base_cpuid.clone();
         cpuid::patch(c.as_mut_slice(), id, cfg.vcpus, tsc_deadline);
         vcpu::setup_common(&vcpu, &c)?;
-        if id == 0 {
-            vcpu::setup_boot_vcpu(&vcpu, &segments, k.entry)?;
+        match (&restore, &entry) {
+            (Some(r), _) => {
+                snapshot::kvm::restore_vcpu(&vcpu, &r.machine.vcpus[id as usize], away)?
+            }
+            (None, Some((k, segments))) if id == 0 => {
+                vcpu::setup_boot_vcpu(&vcpu, segments, k.entry)?
+            }
+            _ => {}
         }
         vcpus.push(vcpu);
     }
     if cfg.prefault {
-        // kvm-ioctls' Cap has no variant for this one.
-        let tables = vm.check_extension_raw(kvm_bindings::KVM_CAP_PRE_FAULT_MEMORY.into()) > 0;
-        let how = crate::memory::prefault(&mem, vcpus.first().filter(|_| tables))
-            .map_err(Error::Prefault)?;
-        if how == crate::memory::Prefaulted::HostPages {
-            eprintln!(
-                "domus: this kernel's KVM cannot prefault its page tables (KVM_PRE_FAULT_MEMORY, Linux 6.10): guest memory is populated, KVM maps it on first touch"
-            );
+        match &restore {
+            // The whole image is read now, and checked.
+            Some(r) => {
+                crate::memory::prefault(&mem, None::<&File>).map_err(Error::Prefault)?;
+                snapshot::memory::load_and_verify(&mem, r.memory.crc32)?;
+            }
+            None => {
+                // kvm-ioctls' Cap has no variant for this one.
+                let tables =
+                    vm.check_extension_raw(kvm_bindings::KVM_CAP_PRE_FAULT_MEMORY.into()) > 0;
+                let how = crate::memory::prefault(&mem, vcpus.first().filter(|_| tables))
+                    .map_err(Error::Prefault)?;
+                if how == crate::memory::Prefaulted::HostPages {
+                    eprintln!(
+                        "domus: this kernel's KVM cannot prefault its page tables (KVM_PRE_FAULT_MEMORY, Linux 6.10): guest memory is populated, KVM maps it on first touch"
+                    );
+                }
+            }
         }
     }
+    let snapshots = Arc::new(snapshot::Snapshotter {
+        vm: vm.clone(),
+        mem: mem.clone(),
+        devices: api_devices.clone(),
+        serial: serial.clone(),
+        pause: pause.clone(),
+        vcpus: cfg.vcpus,
+        cpuid: snapshot::kvm::cpuid_leaves(&base_cpuid),
+        msrs: snapshot::kvm::msr_list(&kvm)?,
+        spec: cfg.spec(),
+        busy: Mutex::new(()),
+    });
     // Everything is open: from here on the VMM holds descriptors, not
     // names, as an unprivileged user in a root of its own (one thread yet,
     // as the jail needs).
@@ -447,6 +554,14 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
         ),
         None => None,
     };
+    if let Some(r) = &restore {
+        // Started now, with their threads' filters, and before any vCPU
+        // runs: the guest finds them as its drivers left them.
+        resume_devices(&api_devices)?;
+        if r.paused {
+            pause.hold();
+        }
+    }
     for (id, vcpu) in vcpus.into_iter().enumerate() {
         let (bus, tx, p) = (bus.clone(), stop_tx.clone(), pause.clone());
         std::thread::Builder::new()
@@ -455,12 +570,18 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             // be backed by a transparent huge page and cost 2 MiB of RSS.
             .stack_size(VCPU_STACK)
             .spawn(move || match seccomp::enter(Kind::Vcpu) {
-                Ok(()) => vcpu::run_loop(vcpu, bus, tx, p),
+                Ok(()) => vcpu::run_loop(id as u32, vcpu, bus, tx, p),
                 Err(e) => {
                     let _ = tx.send(Stop::Fault(format!("vCPU {id}: {e}")));
                 }
             })
             .map_err(|e| Error::Io("spawning a vCPU thread", e))?;
+    }
+    if restore.is_some() {
+        // The guest reads its new generation ID and reseeds its RNG.
+        events
+            .raise(domus_boot::acpi::GED_VMGENID)
+            .map_err(|e| Error::Io("notifying the new VM generation", e))?;
     }
 
     if let Some(listener) = api_listener {
@@ -471,6 +592,8 @@ pub fn run(cfg: &VmConfig) -> Result<ExitReason> {
             started: std::time::Instant::now(),
             pause: pause.clone(),
             devices: api_devices,
+            snapshots: Some(snapshots),
+            inbox: inbox.clone(),
             balloon: devices.balloon,
             events,
             hotplug: Some(Arc::new(hotplug::VmHotplug {

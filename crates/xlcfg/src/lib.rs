@@ -60,6 +60,7 @@ const KNOWN: &[&str] = &[
     "disk",
     "vif",
     "vsock",
+    "mergeable",
     "on_poweroff",
     "on_reboot",
     "on_crash",
@@ -426,6 +427,10 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
         }
         None => None,
     };
+    let mergeable = match get("mergeable") {
+        Some(s) => int(&s, 0, 1).map_err(|m| invalid(&s, m))? == 1,
+        None => false,
+    };
     let act = |key: &str, default| match get(key) {
         Some(s) => action(&s).map_err(|m| invalid(&s, m)),
         None => Ok(default),
@@ -448,6 +453,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             disks,
             vifs,
             vsock_cid,
+            mergeable,
             on_poweroff,
             on_reboot,
             on_crash,
@@ -476,6 +482,7 @@ disk = [ '/img/web.raw,raw,xvda,rw', 'format=raw, vdev=xvdb, access=ro, target=/
 vif = [ 'mac=00:16:3E:00:00:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s,script=vif-bridge' ]
 on_crash = 'restart'
 vsock = 'cid=42'
+mergeable = 1
 pool = "Pool-0"
 "#;
 
@@ -495,6 +502,7 @@ pool = "Pool-0"
         assert_eq!(c.vifs[0].rate, Some(1_250_000));
         assert_eq!(c.on_crash, Action::Restart);
         assert_eq!(c.vsock_cid, Some(42));
+        assert!(c.mergeable);
         assert_eq!(c.on_reboot, Action::Restart);
         assert_eq!(c.on_poweroff, Action::Destroy);
         assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
@@ -538,6 +546,7 @@ pool = "Pool-0"
             ("on_crash = 'explode'", "on_crash", 1),
             ("vsock = 'cid=2'", "vsock", 1),
             ("vsock = 5", "vsock", 1),
+            ("mergeable = 2", "mergeable", 1),
             ("maxmem = 100", "maxmem", 1),
             ("name = '123'", "name", 1),
             ("name = 'a b'", "name", 1),

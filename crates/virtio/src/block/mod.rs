@@ -355,11 +355,18 @@ impl Engine {
                 }
             }
         }
-        // Let in-flight I/O finish before the guest's memory is reused.
+        // Let in-flight I/O finish before the guest's memory is reused, and
+        // complete every request taken from the queue (a throttled one
+        // too): a device stopped for a snapshot resumes at the used ring's
+        // index, so nothing taken may be left out of it.
+        if let (Some(job), Some(tx)) = (self.pending.take(), &self.jobs) {
+            let _ = tx.send(job);
+        }
         self.jobs = None;
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+        self.complete();
     }
 
     /// Hands a request to the I/O threads if the limiter allows; else

@@ -24,7 +24,9 @@
 //! - the block I/O pool: only disk I/O on the descriptors it holds (no
 //!   ioctl, no epoll, no reads but positioned ones);
 //! - API threads: run a vCPU (KVM_RUN), do disk I/O (positioned and
-//!   vectored reads and writes, sync, discard), wait in epoll, remove files;
+//!   vectored reads and writes, sync, discard), wait in epoll (a snapshot's
+//!   files are written by vCPU 0, and the devices a snapshot stopped are
+//!   started again there: a thread inherits its starter's filters);
 //! - the console reader: anything but read stdin;
 //! - the descriptor inbox: anything but accept and receive descriptors;
 //! - the main thread, once the domain runs: anything but wait for its end,
@@ -189,8 +191,10 @@ const VCPU: &[(libc::c_long, When)] = &[
 ];
 
 /// The API's threads: accepting and serving connections, pausing vCPUs
-/// (tgkill, in COMMON) and pinning them, and hot-plug (opening and
-/// locking a disk, a tap, their eventfds and KVM registrations).
+/// (tgkill, in COMMON) and pinning them, hot-plug (opening and locking a
+/// disk, a tap, their eventfds and KVM registrations), and a snapshot's
+/// files: created and renamed into place here (vCPU 0 writes them), or
+/// removed when the save failed.
 const API: &[(libc::c_long, When)] = &[
     (libc::SYS_accept4, Always),
     (libc::SYS_eventfd2, Always),
@@ -203,10 +207,15 @@ const API: &[(libc::c_long, When)] = &[
     (libc::SYS_read, Always),
     (libc::SYS_readv, Always),
     (libc::SYS_recvfrom, Always),
+    (libc::SYS_rename, Always),
+    (libc::SYS_renameat, Always),
+    (libc::SYS_renameat2, Always),
     (libc::SYS_sched_setaffinity, Always),
     (libc::SYS_sendmsg, Always),
     (libc::SYS_sendto, Always),
     (libc::SYS_setsockopt, Always),
+    (libc::SYS_unlink, Always),
+    (libc::SYS_unlinkat, Always),
 ];
 
 const CONSOLE: &[(libc::c_long, When)] = &[(libc::SYS_read, Always)];
@@ -433,7 +442,7 @@ mod tests {
             ("pwrite64", disk_write, &[Vcpu, BlockIo, Main]),
             ("epoll_create1", epoll, &[Vcpu, Queue]),
             ("clone3", start_thread, &[Vcpu, Api]),
-            ("unlink", remove_file, &[Main]),
+            ("unlink", remove_file, &[Api, Main]),
             ("read", read, &[Vcpu, Queue, Api, Console]),
         ];
         for kind in Kind::ALL {
