@@ -40,7 +40,10 @@ pub fn child_jail(spec: &VmSpec, (uid, gid): (u32, u32)) -> Option<JailSpec> {
             .filter(|p| p.exists())
             .map(PathBuf::from)
             .collect(),
-        max_file_bytes: domus_jail::file_limit_for(spec.disks.iter().map(|d| d.path.as_path())),
+        max_file_bytes: domus_jail::file_limit_for(
+            spec.disks.iter().map(|d| d.path.as_path()),
+            spec.memory_mib << 20,
+        ),
         max_threads: domus_jail::MAX_THREADS,
         fd_socket: None,
     })

@@ -69,6 +69,10 @@ enum Command {
     Pause(xl::DomArgs),
     /// Let a paused domain run again.
     Unpause(xl::DomArgs),
+    /// Save a domain to a snapshot, then destroy it (-p: leave it paused).
+    Save(xl::SaveArgs),
+    /// Start a saved domain again from where it stopped.
+    Restore(xl::RestoreArgs),
     /// Set the memory a domain keeps (its balloon takes the rest).
     #[command(name = "mem-set")]
     MemSet(xl::MemSetArgs),
@@ -128,8 +132,22 @@ struct RunArgs {
         "exit_file",
     ])]
     config: Option<PathBuf>,
+    /// Start the domain saved in this snapshot (`domus save`, or the API's
+    /// PUT /v1/domain/snapshot) instead of booting one: its machine and
+    /// devices come from the snapshot; name, console, API socket, seccomp,
+    /// jail, exit file and a new vsock CID (--vsock, for a second copy) from
+    /// here (or --config, whose disks and
+    /// interfaces, when it lists them, replace the saved ones' paths and
+    /// taps in order). Memory is mapped from the snapshot's memory file and
+    /// read as the guest touches it; with --prefault, all of it is read and
+    /// checked first. See docs/snapshot-format.md.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "kernel", "initrd", "cmdline", "vcpus", "memory", "disk", "net", "no_rng", "balloon",
+        "balloon_target",
+    ])]
+    restore: Option<PathBuf>,
     /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
-    #[arg(long, value_name = "PATH", required_unless_present = "config")]
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["config", "restore"])]
     kernel: Option<PathBuf>,
     /// Initial ramdisk (cpio archive, compressed or not).
     #[arg(long, value_name = "PATH")]
@@ -182,6 +200,12 @@ struct RunArgs {
     /// of committing all of it at start.
     #[arg(long)]
     prefault: bool,
+    /// Let the host's KSM merge the guest's identical memory pages with
+    /// those of other domains that allow it (MADV_MERGEABLE; the host must
+    /// run KSM: /sys/kernel/mm/ksm/run). Off by default: which pages are
+    /// shared can be timed by another guest, a side channel.
+    #[arg(long)]
+    mergeable: bool,
     /// Confine every VMM thread with a seccomp filter before the guest
     /// runs: only the system calls a running VMM makes are allowed, any
     /// other kills the process (exit by SIGSYS).
@@ -191,9 +215,10 @@ struct RunArgs {
     /// api/domain.openapi.json.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
-    /// The domain's name, as the API reports it.
-    #[arg(long, value_name = "NAME", default_value = "domain")]
-    name: String,
+    /// The domain's name, as the API reports it [default: domain, or the
+    /// saved one with --restore].
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Jail the VMM as domus daemon does (needs root): in new mount, PID,
     /// IPC and UTS namespaces, and once the domain is set up, before the
     /// guest runs, in a root of its own holding only /dev/net/tun, as user
@@ -229,7 +254,12 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         return domus_api::parse_body(&text).map_err(|e| format!("{}: {e}", path.display()));
     }
     Ok(VmSpec {
-        kernel: args.kernel.ok_or("--kernel is needed (or --config)")?,
+        kernel: match (args.kernel, &args.restore) {
+            (Some(k), _) => k,
+            // A restore runs no kernel: the snapshot's spec names it.
+            (None, Some(_)) => PathBuf::new(),
+            (None, None) => return Err("--kernel is needed (or --config)".into()),
+        },
         initrd: args.initrd,
         cmdline: args.cmdline,
         vcpus: args.vcpus,
@@ -242,9 +272,10 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         balloon: args.balloon,
         balloon_target_mib: args.balloon_target.map(|b| b.div_ceil(1 << 20)),
         prefault: args.prefault,
+        mergeable: args.mergeable,
         seccomp: args.seccomp,
         api_socket: args.api_socket,
-        name: args.name,
+        name: args.name.unwrap_or_else(|| "domain".into()),
         exit_file: args.exit_file,
         jail: None,
     })
@@ -252,11 +283,18 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
 
 fn run(args: RunArgs) -> ExitCode {
     let jail = args.jail;
-    let spec = match (run_spec(args), jail) {
-        (Ok(mut s), Some(ids)) => match jailed::child_jail(&s, ids) {
+    let restore_from = args.restore.clone();
+    // A restore keeps the saved name unless one is given.
+    let named = args.name.is_some() || args.config.is_some();
+    let spec = run_spec(args).and_then(|s| match &restore_from {
+        Some(file) => restored(file, &s, named).map(|(s, r)| (s, Some(r))),
+        None => Ok((s, None)),
+    });
+    let spec_restore = match (spec, jail) {
+        (Ok((mut s, r)), Some(ids)) => match jailed::child_jail(&s, ids) {
             Some(j) => {
                 s.jail = Some(j);
-                Ok(s)
+                Ok((s, r))
             }
             // Checked here first, then started again in namespaces.
             None => match VmConfig::from_spec(&s) {
@@ -266,8 +304,8 @@ fn run(args: RunArgs) -> ExitCode {
         },
         (s, _) => s,
     };
-    let Some((cfg, exit_file)) = spec
-        .and_then(|s| VmConfig::from_spec(&s).map(|c| (c, s.exit_file)))
+    let Some((cfg, exit_file, restore)) = spec_restore
+        .and_then(|(s, r)| VmConfig::from_spec(&s).map(|c| (c, s.exit_file, r)))
         .map_err(|e| eprintln!("domus: {e}"))
         .ok()
     else {
@@ -282,7 +320,7 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_INPUT as u8);
         }
     };
-    let (code, why) = match domus_vmm::run(&cfg) {
+    let (code, why) = match domus_vmm::run(&cfg, restore) {
         Ok(reason) => {
             if let domus_vmm::ExitReason::Crash(why) = &reason {
                 eprintln!("domus: guest crashed: {why}");
@@ -307,6 +345,38 @@ fn run(args: RunArgs) -> ExitCode {
         }
     }
     ExitCode::from(code as u8)
+}
+
+/// The spec a restore runs with and what it restores, from the snapshot
+/// `file` and what this invocation gave (`given`).
+fn restored(
+    file: &std::path::Path,
+    given: &VmSpec,
+    named: bool,
+) -> Result<(VmSpec, domus_vmm::Restore), String> {
+    use domus_vmm::snapshot::{self, Machine};
+    let body = domus_api::snapshot::read::<Machine>(file).map_err(|e| e.to_string())?;
+    let summary = body.summary;
+    let mut spec = snapshot::restored_spec(&summary.spec, given)
+        .map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    if !named {
+        spec.name = summary.spec.name.clone();
+    }
+    let mut machine = body.machine;
+    machine.devices = snapshot::renamed_devices(&machine, &spec);
+    let mem_path = domus_api::snapshot::memory_path(file, &summary.memory)
+        .map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    let memory_file = std::fs::File::open(&mem_path)
+        .map_err(|e| format!("snapshot memory {}: {}", mem_path.display(), io_reason(&e)))?;
+    Ok((
+        spec,
+        domus_vmm::Restore {
+            machine,
+            memory: summary.memory,
+            memory_file,
+            paused: summary.paused,
+        },
+    ))
 }
 
 /// The log (`tracing`): one line per event on stderr, with its level and
@@ -425,6 +495,8 @@ fn main() -> ExitCode {
         Command::Reboot(a) => xl::shutdown("reboot", a),
         Command::Pause(a) => xl::simple("pause", a),
         Command::Unpause(a) => xl::simple("unpause", a),
+        Command::Save(a) => xl::save(a),
+        Command::Restore(a) => xl::restore(a),
         Command::MemSet(a) => xl::mem_set(a),
         Command::MemMax(a) => xl::mem_max(a),
         Command::BlockList(a) => xl::device_list("block", a),

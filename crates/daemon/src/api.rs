@@ -3,7 +3,7 @@
 
 use domus_api::daemon::{
     AttachRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest, PinRequest,
-    RenameRequest, SchedRequest,
+    RenameRequest, RestoreRequest, SaveRequest, SchedRequest,
 };
 use domus_api::request_body;
 use domus_http::{Request, Response};
@@ -28,6 +28,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/memory"),
     ("PUT", "/v1/domains/{dom}/maxmem"),
     ("PUT", "/v1/domains/{dom}/name"),
+    ("PUT", "/v1/domains/{dom}/save"),
+    ("POST", "/v1/restore"),
     ("GET", "/v1/domains/{dom}/devices"),
     ("GET", "/v1/domains/{dom}/console"),
     ("PUT", "/v1/domains/{dom}/block-attach"),
@@ -148,6 +150,10 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|r| ok(d.describe(&r)))
                 .map_err(|e| err(&e))
         }),
+        (_, "/v1/domains/{dom}/save") => request_body::<SaveRequest>(req)
+            .and_then(|m| d.save(dom, &m).map(ok).map_err(|e| err(&e))),
+        (_, "/v1/restore") => request_body::<RestoreRequest>(req)
+            .and_then(|m| d.restore(&m).map(|c| answer(201, &c)).map_err(|e| err(&e))),
         (_, "/v1/domains/{dom}/console") => console_query(req)
             .and_then(|(file, from)| d.console(dom, file, from).map(ok).map_err(|e| err(&e))),
         (_, "/v1/domains/{dom}/devices") => d.devices(dom).map(ok).map_err(|e| err(&e)),

@@ -338,6 +338,7 @@ mod tests {
             disks: Vec::new(),
             vifs: Vec::new(),
             vsock_cid: None,
+            mergeable: false,
             on_poweroff: domus_api::domain::Action::Destroy,
             on_reboot: domus_api::domain::Action::Restart,
             on_crash: domus_api::domain::Action::Destroy,

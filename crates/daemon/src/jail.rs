@@ -39,6 +39,7 @@ impl Daemon {
             devices: Vec::new(),
             max_file_bytes: domus_jail::file_limit_for(
                 r.config.disks.iter().map(|d| d.path.as_path()),
+                r.config.maxmem_mib << 20,
             ),
             max_threads: domus_jail::MAX_THREADS,
             fd_socket: Some(dir.join("fd.sock")),
@@ -92,6 +93,18 @@ impl Daemon {
             .write(write)
             .open(path)
             .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+        self.pass_open(r, jail, &file, path)
+    }
+
+    /// Passes `file` (open at `path`) to domain `r`'s jailed VMM with a new
+    /// tag, which it returns.
+    pub(crate) fn pass_open(
+        &self,
+        r: &db::Row,
+        jail: &JailSpec,
+        file: &std::fs::File,
+        path: &Path,
+    ) -> Result<u64> {
         let socket = jail.fd_socket.as_ref().ok_or_else(|| {
             Error::Invalid(format!("domain {}'s VMM takes no descriptors", r.name))
         })?;

@@ -45,6 +45,7 @@ mod refusals;
 mod resources;
 #[cfg(test)]
 mod rollbacks;
+mod snapshot;
 mod supervise;
 mod watch;
 

@@ -164,7 +164,17 @@ impl Daemon {
         }
         let mut loaded = domus_xlcfg::load(file, text, overrides)?;
         loaded.config.make_absolute(Path::new(dir));
-        let c = &loaded.config;
+        self.create_config(&loaded.config, loaded.warnings, None)
+    }
+
+    /// Creates and starts domain `c`: booted, or restored from the snapshot
+    /// `restore` (its state file, already checked).
+    pub(crate) fn create_config(
+        &self,
+        c: &domus_api::domain::DomainConfig,
+        warnings: Vec<String>,
+        restore: Option<&Path>,
+    ) -> Result<Created> {
         // Refused before anything is reserved or started.
         self.files.check_config(c)?;
         self.check_limits(c)?;
@@ -198,7 +208,12 @@ impl Daemon {
         let id = lock(&self.db).insert(&row)?;
         drop(guard);
         let row = db::Row { id, ..row };
-        match self.start(&row) {
+        let verb = if restore.is_some() {
+            "restored"
+        } else {
+            "created"
+        };
+        match self.start_from(&row, restore) {
             Ok(()) => {
                 let Some(r) = self.still_there(&row)? else {
                     return Err(Error::NoSuchDomain(format!(
@@ -209,11 +224,11 @@ impl Daemon {
                 self.log_domain(
                     &c.name,
                     false,
-                    &format!("created domain {} (id {id})", c.name),
+                    &format!("{verb} domain {} (id {id})", c.name),
                 );
                 Ok(Created {
                     domain: self.describe(&r),
-                    warnings: loaded.warnings,
+                    warnings,
                 })
             }
             Err(e) => {
@@ -265,6 +280,12 @@ impl Daemon {
     /// Starts the VMM of a domain whose row exists; waits until its API
     /// answers.
     pub(crate) fn start(&self, r: &db::Row) -> Result<()> {
+        self.start_from(r, None)
+    }
+
+    /// [`Daemon::start`], restoring the snapshot `restore` instead of
+    /// booting when it is given.
+    pub(crate) fn start_from(&self, r: &db::Row, restore: Option<&Path>) -> Result<()> {
         let c = &r.config;
         // Again at every (re)start: a file may have been replaced by a link
         // since the domain was created.
@@ -291,6 +312,7 @@ impl Daemon {
             // its driver first looks.
             balloon_target_mib: Some(keep_mib(r)).filter(|&m| m < c.maxmem_mib),
             prefault: false,
+            mergeable: c.mergeable,
             seccomp: self.seccomp,
             api_socket: Some(api.clone()),
             exit_file: Some(dir.join("exit")),
@@ -328,9 +350,14 @@ impl Daemon {
         };
         // `domus run` in a new session, its cgroup, no_new_privs, no core
         // dumps, no descriptor of ours; jailed, in namespaces of its own.
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["run".into(), "--config".into(), spec_file.into()];
+        if let Some(file) = restore {
+            args.extend(["--restore".into(), file.into()]);
+        }
         let job = Job {
             program: self.domus.clone(),
-            args: vec!["run".into(), "--config".into(), spec_file.into()],
+            args,
             stdin: None,
             stdout: log.try_clone()?.into(),
             stderr: log.into(),

@@ -96,6 +96,15 @@ fn the_answers_match_their_schemas() {
         cap: 0,
     };
     check("Sched", &[sample(&sched)]);
+    let saved = Saved {
+        file: "/i/a.snap".into(),
+        memory_file: "/i/a.snap.mem".into(),
+        memory_bytes: 1,
+        pages_stored: 1,
+        paused_ms: 0.5,
+        destroyed: true,
+    };
+    check("Saved", &[sample(&saved)]);
     let maxmem = |ram: Option<u64>| Maxmem {
         id: 1,
         name: "a".into(),

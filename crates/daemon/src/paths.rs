@@ -89,6 +89,26 @@ impl Files {
         Err(self.refusal(what, &shown))
     }
 
+    /// Whether files may be written in directory `dir` (the domain's
+    /// `what`): it must exist and lie in a served directory.
+    pub fn check_dir(&self, what: &str, dir: &Path) -> Result<()> {
+        #[cfg(test)]
+        if self.any {
+            return Ok(());
+        }
+        match dir.canonicalize() {
+            Ok(real) if real.is_dir() && self.serves(&real) => Ok(()),
+            Ok(real) if self.serves(&real) => Err(Error::Invalid(format!(
+                "{what} {} is not a directory",
+                dir.display()
+            ))),
+            Err(e) if self.serves(&lexical(dir)) => {
+                Err(Error::Invalid(format!("{what} {}: {e}", dir.display())))
+            }
+            _ => Err(self.refusal(what, &dir.display().to_string())),
+        }
+    }
+
     /// Whether `p` (resolved) lies under an image directory.
     fn serves(&self, p: &Path) -> bool {
         self.image_dirs.iter().any(|d| p.starts_with(resolved(d)))

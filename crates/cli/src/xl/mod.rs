@@ -1,10 +1,12 @@
 //! The xl-style verbs: `domus daemon` and the commands that talk to it
 //! through its typed client ([`DaemonClient`]), on `STATE_DIR/domusd.sock`
 //! or TCP. Domain verbs are here; vCPU and scheduling verbs in [`cpu`],
-//! disk and interface verbs in [`devices`].
+//! disk and interface verbs in [`devices`], save and restore in
+//! [`snapshot`].
 
 mod cpu;
 mod devices;
+mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,6 +19,7 @@ pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
 };
 pub use devices::{attach, detach, device_list, AttachArgs, DetachArgs, DeviceListArgs};
+pub use snapshot::{restore, save, RestoreArgs, SaveArgs};
 
 /// Where the daemon lives: `--state-dir`, `$DOMUS_STATE_DIR`, /var/lib/domus.
 #[derive(clap::Args, Clone)]

@@ -20,6 +20,7 @@ mod daemon;
 mod domain_api;
 mod memory;
 mod net;
+mod snapshot;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

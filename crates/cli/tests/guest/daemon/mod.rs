@@ -6,6 +6,7 @@ mod devices;
 mod jail;
 mod lifecycle;
 mod scheduling;
+mod snapshot;
 
 use crate::*;
 use domus_api::daemon::{Domain, Info, State};

@@ -1,0 +1,98 @@
+//! save and restore through the daemon: a jailed domain with a disk and
+//! an interface saved, destroyed, and restored with its processes, disk,
+//! MAC and network; `save -p` leaves it paused; a restore under a new name;
+//! saves outside the served directories or over a file refused.
+
+use super::*;
+
+#[test]
+fn daemon_saves_and_restores_a_jailed_domain() {
+    let dir = scratch("dsave");
+    let state = dir.join("state");
+    let mut daemon = start_daemon(&state);
+    let br = format!("dsv{}", std::process::id() % 100_000);
+    let _bridge = Bridge::new(&br, "10.82.0.1/24", &[]);
+    let img = image(&dir, "data.img", 16);
+    let settings = format!(
+        "disk = ['{},raw,xvda,rw']\nvif = ['bridge={br}']",
+        img.display()
+    );
+    let (cfg, guest) = agent_config(&dir, "sv", 128, &settings);
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    agent_ready(&guest);
+    let sh = |cmd: &str| guest_sh(&guest, cmd);
+    let until = |cond: &str| {
+        sh(&format!(
+            "for i in $(seq 300); do {cond} && exit 0; sleep 0.1; done; exit 1"
+        ))
+    };
+    sh("ip addr add 10.82.0.2/24 dev eth0 && ip link set eth0 up");
+    until("ping -c1 -W1 10.82.0.1 >/dev/null");
+    let mac = sh("cat /sys/class/net/eth0/address");
+    sh("echo in-memory > /tmp/marker");
+    sh("echo on-disk | dd of=/dev/vda bs=512 seek=5 conv=fsync 2>/dev/null");
+
+    // Refused: outside the served directories, and over an existing file.
+    let (ok, _, err) = domus_cli(&state, &["save", "sv", "/etc/sv.snap"]);
+    assert!(
+        !ok && err.contains("not in a directory the daemon serves"),
+        "{err}"
+    );
+    let (ok, _, err) = domus_cli(&state, &["save", "sv", img.to_str().unwrap()]);
+    assert!(!ok && err.contains("exists"), "{err}");
+
+    // Saved and destroyed.
+    let snap = dir.join("sv.snap");
+    let (ok, out, err) = domus_cli(&state, &["save", "sv", snap.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("destroyed"), "{out}");
+    assert!(find(&state, "sv").is_none(), "a saved domain is destroyed");
+    assert!(snap.is_file() && dir.join("sv.snap.mem").is_file());
+
+    // Restored: its memory, disk, MAC and network as they were.
+    let (ok, out, err) = domus_cli(&state, &["restore", snap.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(find(&state, "sv").expect("restored").state, State::Running);
+    restored_ready(&guest);
+    assert_eq!(sh("cat /tmp/marker"), "in-memory");
+    assert_eq!(
+        sh("dd if=/dev/vda bs=512 skip=5 count=1 2>/dev/null | head -n1"),
+        "on-disk"
+    );
+    assert_eq!(sh("cat /sys/class/net/eth0/address"), mac);
+    until("ping -c1 -W1 10.82.0.1 >/dev/null");
+    // A second restore of the same snapshot while the first runs: its
+    // name (and vsock CID) are taken.
+    let (ok, _, err) = domus_cli(&state, &["restore", snap.to_str().unwrap()]);
+    assert!(!ok && err.contains("sv"), "{err}");
+
+    // save -p: saved and left paused; then restored under a new name
+    // once the original is gone.
+    let snap2 = dir.join("sv2.snap");
+    let (ok, out, err) = domus_cli(&state, &["save", "-p", "sv", snap2.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(find(&state, "sv").unwrap().state, State::Paused);
+    assert!(domus_cli(&state, &["destroy", "sv"]).0);
+    let (ok, out, err) = domus_cli(
+        &state,
+        &["restore", snap2.to_str().unwrap(), "name=sv-copy"],
+    );
+    assert!(ok, "{out}{err}");
+    restored_ready(&guest);
+    assert_eq!(sh("cat /tmp/marker"), "in-memory");
+    let (ok, _, err) = domus_cli(&state, &["restore", snap2.to_str().unwrap(), "memory=64"]);
+    assert!(!ok && err.contains("only change the name"), "{err}");
+    assert!(domus_cli(&state, &["destroy", "sv-copy"]).0);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    assert_no_cgroups_left(&state);
+}
+
+/// Waits until the agent of a restored domain answers (see
+/// `agent::wait_restored`).
+fn restored_ready(guest: &Client) {
+    if let Err(e) = crate::agent::wait_restored(guest, Duration::from_secs(120), || true) {
+        panic!("the restored guest's agent never answered: {e}");
+    }
+}
