@@ -13,6 +13,23 @@ use crate::block::io::{self, Counters, Disk};
 use crate::block::request::{self, Desc};
 use crate::Memory;
 
+/// xorshift64*: fast, and deterministic for a given seed (the fuzzers'
+/// mutations).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// A number below `n` (0 if `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+}
+
 /// Guest memory of a fuzz case: the input, zero-padded.
 pub const MEM_SIZE: usize = 64 << 10;
 pub const DESC_TABLE: u64 = 0;

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use domus_virtio::fuzz;
+use domus_virtio::fuzz::{self, Rng};
 
 thread_local! {
     static CURRENT: RefCell<(&'static str, Vec<u8>)> = const { RefCell::new(("", Vec::new())) };
@@ -20,20 +20,6 @@ thread_local! {
 
 /// A named fuzz target.
 type Target = (&'static str, fn(&[u8]));
-
-/// xorshift64*: fast, deterministic for a given seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// Flips, overwrites with interesting values, or copies ranges, biased to
 /// the rings and the first pages where descriptors live.
@@ -61,7 +47,7 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
         let at = region.start + rng.below(region.len());
         match rng.below(4) {
             0 => input[at] ^= 1 << rng.below(8),
-            1 => input[at] = rng.next() as u8,
+            1 => input[at] = rng.next_u64() as u8,
             2 => {
                 let v = interesting[rng.below(interesting.len())].to_le_bytes();
                 let w = [1, 2, 4, 8][rng.below(4)];

@@ -20,7 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::kvm::{cpuid_from, Blob};
 use super::{Body, DeviceSpec};
 
-const FIXTURE: &str = concat!(
+pub(super) const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/snapshot-v1.state"
 );
@@ -71,6 +71,30 @@ impl Hypervisor for NoHv {
     fn unregister_ioevent(&self, _: &EventFd, _: u64) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// A virtio PCI function named `id` on a [`Shape`] device of `(kind,
+/// queues)`, in `mem`, with no hypervisor behind it.
+pub(super) fn transport_of(id: &str, (kind, queues): (u32, usize), mem: &Arc<Memory>) -> VirtioPci {
+    let dev = Shape {
+        kind,
+        queues,
+        state: DeviceState::Stateless,
+    };
+    let vectors = (0..vectors_for(queues))
+        .map(|i| domus_virtio::msix::Vector {
+            gsi: 24 + i as u32,
+            irqfd: EventFd::new(libc::EFD_NONBLOCK).expect("an eventfd"),
+        })
+        .collect();
+    VirtioPci::new(
+        id.to_string(),
+        Box::new(dev),
+        0xc000_0000,
+        vectors,
+        mem.clone(),
+        Arc::new(NoHv),
+    )
 }
 
 fn kernel<T: zerocopy::FromBytes>(b: &Blob) -> T {
@@ -145,26 +169,8 @@ fn snapshot_v1_fixture_still_restores() {
     let mem = Arc::new(Memory::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)]).unwrap());
     let mut kinds = Vec::new();
     for d in &m.devices {
-        let queues = d.transport.queues.len();
-        let dev = Shape {
-            kind: d.transport.device_type,
-            queues,
-            state: DeviceState::Stateless,
-        };
-        let vectors = (0..vectors_for(queues))
-            .map(|i| domus_virtio::msix::Vector {
-                gsi: 24 + i as u32,
-                irqfd: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-            })
-            .collect();
-        let mut pci = VirtioPci::new(
-            d.id.clone(),
-            Box::new(dev),
-            0xc000_0000,
-            vectors,
-            mem.clone(),
-            Arc::new(NoHv),
-        );
+        let shape = (d.transport.device_type, d.transport.queues.len());
+        let mut pci = transport_of(&d.id, shape, &mem);
         pci.restore(&d.transport)
             .unwrap_or_else(|e| panic!("{}: {e}", d.id));
         assert_eq!(

@@ -42,7 +42,7 @@ fn blob<T: IntoBytes + zerocopy::Immutable>(t: &T) -> Blob {
     Blob(t.as_bytes().to_vec())
 }
 
-fn unblob<T: FromBytes>(what: &'static str, b: &Blob) -> Result<T, SnapshotError> {
+pub(crate) fn unblob<T: FromBytes>(what: &'static str, b: &Blob) -> Result<T, SnapshotError> {
     T::read_from_bytes(&b.0).map_err(|_| {
         SnapshotError::Machine(format!(
             "{what}: {} bytes, expected {}",

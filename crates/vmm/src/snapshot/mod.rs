@@ -15,6 +15,8 @@
 
 #[cfg(test)]
 mod compat;
+#[cfg(test)]
+mod fuzz;
 pub mod kvm;
 pub mod memory;
 pub mod request;
