@@ -10,9 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::daemon::{
-    AttachRequest, ConsoleChunk, CreateRequest, Created, DetachRequest, Domain, Info, LogLine,
-    Maxmem, MaxmemRequest, MemoryRequest, NameOrNumber, PinRequest, RenameRequest, RestoreRequest,
-    SaveRequest, Saved, Sched, SchedRequest, Vcpu,
+    AttachRequest, CloneRequest, Cloned, ConsoleChunk, CreateRequest, Created, DetachRequest,
+    Domain, Info, LogLine, Maxmem, MaxmemRequest, MemoryRequest, NameOrNumber, PinRequest,
+    RenameRequest, RestoreRequest, SaveRequest, Saved, Sched, SchedRequest, Vcpu,
 };
 use crate::vmm::{
     BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, PlugRequest, Pressed, RateLimitUpdate,
@@ -282,6 +282,11 @@ impl DaemonClient {
     /// save: the domain into `req.file`; destroyed afterwards, or paused.
     pub fn save(&self, dom: &str, req: &SaveRequest) -> Result<Saved, ClientError> {
         self.put(&format!("/v1/domains/{dom}/save"), Some(req))
+    }
+
+    /// clone: `req.count` domains started from the snapshot `req.file`.
+    pub fn clone_snapshot(&self, req: &CloneRequest) -> Result<Cloned, ClientError> {
+        self.conn.call("POST", "/v1/clone", Some(req))
     }
 
     /// restore: the domain saved in `req.file`, started again.

@@ -199,6 +199,9 @@ pub struct Domain {
     pub on_poweroff: Option<String>,
     pub on_reboot: Option<String>,
     pub on_crash: Option<String>,
+    /// The vsock context id its guest is reached at (`vsock = 'cid=N'`; a
+    /// clone gets one of its own).
+    pub vsock_cid: Option<u64>,
 }
 
 /// The answer to `POST /v1/domains` (201).
@@ -248,6 +251,40 @@ pub struct RestoreRequest {
     pub file: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+}
+
+/// `POST /v1/clone` (`domus clone`): starts `count` domains from the
+/// snapshot in `file`, named `PREFIX-1` to `PREFIX-count`, each with an
+/// identity of its own (see [`Cloned`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    /// An absolute path, in a directory the daemon serves images from.
+    pub file: String,
+    /// 1 to [`MAX_CLONES`].
+    pub count: u32,
+    /// The clones' names are `PREFIX-N` (default: the saved domain's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+/// The most clones one `POST /v1/clone` makes.
+pub const MAX_CLONES: u32 = 256;
+
+/// The answer to `POST /v1/clone` (201): every clone, running. Each has
+/// new MAC addresses (its interfaces are replaced once it runs, so its
+/// guest sees them come and go), a vsock CID of its own, a copy of each
+/// writable disk (`disks`), and a new VM generation ID. Either all were
+/// made or none is left.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cloned {
+    pub domains: Vec<Domain>,
+    /// The disk copies made for the clones, in clone order (read-only
+    /// disks are shared, not copied).
+    pub disks: Vec<String>,
+    /// How long making them all took, in milliseconds.
+    pub elapsed_ms: f64,
 }
 
 /// `GET /v1/info`: the daemon and the host's memory as admission control

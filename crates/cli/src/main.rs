@@ -73,6 +73,8 @@ enum Command {
     Save(xl::SaveArgs),
     /// Start a saved domain again from where it stopped.
     Restore(xl::RestoreArgs),
+    /// Start N domains from one snapshot, each with its own name, MACs, CID and disk copies.
+    Clone(xl::CloneArgs),
     /// Set the memory a domain keeps (its balloon takes the rest).
     #[command(name = "mem-set")]
     MemSet(xl::MemSetArgs),
@@ -497,6 +499,7 @@ fn main() -> ExitCode {
         Command::Unpause(a) => xl::simple("unpause", a),
         Command::Save(a) => xl::save(a),
         Command::Restore(a) => xl::restore(a),
+        Command::Clone(a) => xl::clone(a),
         Command::MemSet(a) => xl::mem_set(a),
         Command::MemMax(a) => xl::mem_max(a),
         Command::BlockList(a) => xl::device_list("block", a),

@@ -145,6 +145,7 @@ impl Daemon {
             on_poweroff: Some(c.on_poweroff.as_str().to_string()),
             on_reboot: Some(c.on_reboot.as_str().to_string()),
             on_crash: Some(c.on_crash.as_str().to_string()),
+            vsock_cid: c.vsock_cid,
         }
     }
 
@@ -171,6 +172,7 @@ impl Daemon {
             on_poweroff: None,
             on_reboot: None,
             on_crash: None,
+            vsock_cid: None,
         }];
         let rows = lock(&self.db).all()?;
         out.extend(rows.iter().map(|r| self.describe(r)));

@@ -2,8 +2,8 @@
 //! [`ROUTES`], and checked against `api/daemon.openapi.json` by a test.
 
 use domus_api::daemon::{
-    AttachRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest, PinRequest,
-    RenameRequest, RestoreRequest, SaveRequest, SchedRequest,
+    AttachRequest, CloneRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest,
+    PinRequest, RenameRequest, RestoreRequest, SaveRequest, SchedRequest,
 };
 use domus_api::request_body;
 use domus_http::{Request, Response};
@@ -30,6 +30,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/name"),
     ("PUT", "/v1/domains/{dom}/save"),
     ("POST", "/v1/restore"),
+    ("POST", "/v1/clone"),
     ("GET", "/v1/domains/{dom}/devices"),
     ("GET", "/v1/domains/{dom}/console"),
     ("PUT", "/v1/domains/{dom}/block-attach"),
@@ -154,6 +155,11 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
             .and_then(|m| d.save(dom, &m).map(ok).map_err(|e| err(&e))),
         (_, "/v1/restore") => request_body::<RestoreRequest>(req)
             .and_then(|m| d.restore(&m).map(|c| answer(201, &c)).map_err(|e| err(&e))),
+        (_, "/v1/clone") => request_body::<CloneRequest>(req).and_then(|m| {
+            d.clone_snapshot(&m)
+                .map(|c| answer(201, &c))
+                .map_err(|e| err(&e))
+        }),
         (_, "/v1/domains/{dom}/console") => console_query(req)
             .and_then(|(file, from)| d.console(dom, file, from).map(ok).map_err(|e| err(&e))),
         (_, "/v1/domains/{dom}/devices") => d.devices(dom).map(ok).map_err(|e| err(&e)),

@@ -26,6 +26,7 @@ mod accounting;
 pub mod api;
 mod auth;
 pub mod cgroup;
+mod clone;
 mod console;
 pub mod db;
 mod devices;

@@ -127,9 +127,14 @@ impl Daemon {
     /// interface on it; the vif (with its MAC, made up if not given) joins
     /// the domain's configuration.
     pub fn network_attach(&self, dom: &str, spec: &str) -> Result<DeviceInfo> {
-        let r = self.find(dom)?;
         let mut warnings = Vec::new();
-        let mut vif = domus_xlcfg::parse_vif(spec, &mut warnings).map_err(Error::Invalid)?;
+        let vif = domus_xlcfg::parse_vif(spec, &mut warnings).map_err(Error::Invalid)?;
+        self.attach_vif(dom, vif)
+    }
+
+    /// [`Daemon::network_attach`] of a parsed vif.
+    pub(crate) fn attach_vif(&self, dom: &str, mut vif: domus_xlcfg::Vif) -> Result<DeviceInfo> {
+        let r = self.find(dom)?;
         let taps = self.taps(r.id);
         let i = (0..)
             .find(|i| !taps.contains(&self.tap_name(r.id, *i)))

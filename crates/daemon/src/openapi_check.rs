@@ -36,6 +36,7 @@ fn domain(configured: bool) -> Domain {
         on_poweroff: text("destroy"),
         on_reboot: text("restart"),
         on_crash: text("preserve"),
+        vsock_cid: configured.then_some(3),
     }
 }
 
@@ -53,6 +54,12 @@ fn the_answers_match_their_schemas() {
         warnings: vec!["x".into()],
     };
     check("Created", &[sample(&created)]);
+    let cloned = Cloned {
+        domains: vec![domain(true)],
+        disks: vec!["/i/d-a-1.img".into()],
+        elapsed_ms: 1.5,
+    };
+    check("Cloned", &[sample(&cloned)]);
     let info = Info {
         version: "0.1.0".into(),
         state_dir: "/var/lib/domus".into(),
@@ -185,4 +192,15 @@ fn the_request_bodies_match_their_schemas() {
         cap: Some(50),
     };
     check("put", &format!("{d}/sched"), sample(&sched));
+    let restore = RestoreRequest {
+        file: "/i/a.snap".into(),
+        name: Some("b".into()),
+    };
+    check("post", "/v1/restore", sample(&restore));
+    let clone = CloneRequest {
+        file: "/i/a.snap".into(),
+        count: 16,
+        prefix: Some("web".into()),
+    };
+    check("post", "/v1/clone", sample(&clone));
 }

@@ -12,6 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use domus_api::daemon::{Created, RestoreRequest, SaveRequest, Saved};
+use domus_api::domain::DomainConfig;
 use domus_api::snapshot::{memory_file_name, memory_path, part_path, SnapshotBody};
 use domus_api::vmm::SnapshotRequest;
 
@@ -156,35 +157,42 @@ impl Daemon {
     /// when saved (paused if it was).
     pub fn restore(&self, req: &RestoreRequest) -> Result<Created> {
         let path = PathBuf::from(&req.file);
+        let (mut c, paused) = self.saved_domain(&path)?;
+        if let Some(name) = &req.name {
+            domus_xlcfg::check_name(name).map_err(Error::Invalid)?;
+            c.name = name.clone();
+        }
+        let created = self.create_config(&c, Vec::new(), Some(&path))?;
+        if paused {
+            if let Some(l) = lock(&self.live).get_mut(&created.domain.id) {
+                l.paused = true;
+            }
+        }
+        Ok(created)
+    }
+
+    /// The domain record in the snapshot at `path` (absolute, in a served
+    /// directory, its memory file too), and whether it was saved paused.
+    pub(crate) fn saved_domain(&self, path: &Path) -> Result<(DomainConfig, bool)> {
         if !path.is_absolute() {
             return Err(Error::Invalid(format!(
                 "give the snapshot's absolute path, not '{}'",
                 path.display()
             )));
         }
-        self.files.check("snapshot", &path)?;
+        self.files.check("snapshot", path)?;
         let body: SnapshotBody<serde::de::IgnoredAny> =
-            domus_api::snapshot::read(&path).map_err(|e| Error::Invalid(e.to_string()))?;
+            domus_api::snapshot::read(path).map_err(|e| Error::Invalid(e.to_string()))?;
         let s = body.summary;
-        let mem = memory_path(&path, &s.memory).map_err(Error::Invalid)?;
+        let mem = memory_path(path, &s.memory).map_err(Error::Invalid)?;
         self.files.check("snapshot memory", &mem)?;
-        let mut c = s.domain.ok_or_else(|| {
+        let c = s.domain.ok_or_else(|| {
             Error::Invalid(format!(
                 "{} was not saved by a daemon (it has no domain record): start it with \
                  `domus run --restore`",
                 path.display()
             ))
         })?;
-        if let Some(name) = &req.name {
-            domus_xlcfg::check_name(name).map_err(Error::Invalid)?;
-            c.name = name.clone();
-        }
-        let created = self.create_config(&c, Vec::new(), Some(&path))?;
-        if s.paused {
-            if let Some(l) = lock(&self.live).get_mut(&created.domain.id) {
-                l.paused = true;
-            }
-        }
-        Ok(created)
+        Ok((c, s.paused))
     }
 }

@@ -19,7 +19,7 @@ pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
 };
 pub use devices::{attach, detach, device_list, AttachArgs, DetachArgs, DeviceListArgs};
-pub use snapshot::{restore, save, RestoreArgs, SaveArgs};
+pub use snapshot::{clone, restore, save, CloneArgs, RestoreArgs, SaveArgs};
 
 /// Where the daemon lives: `--state-dir`, `$DOMUS_STATE_DIR`, /var/lib/domus.
 #[derive(clap::Args, Clone)]

@@ -1,10 +1,11 @@
-//! `domus save` and `domus restore`: a domain written to a snapshot and
-//! started again from it, through the daemon.
+//! `domus save`, `domus restore` and `domus clone`: a domain written to a
+//! snapshot and started again from it, once or many times, through the
+//! daemon.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use domus_api::daemon::{RestoreRequest, SaveRequest};
+use domus_api::daemon::{CloneRequest, RestoreRequest, SaveRequest};
 
 use super::{failed, print_json, verb, StateArg};
 
@@ -38,6 +39,23 @@ pub struct RestoreArgs {
     /// `name=NAME`: restore under another name (the domain's only setting
     /// a restore may change).
     pub overrides: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct CloneArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// A snapshot `domus save` wrote, in a directory the daemon serves
+    /// images from.
+    pub file: PathBuf,
+    /// How many clones (1 to 256).
+    pub count: u32,
+    /// The clones are named PREFIX-1 to PREFIX-N (default: the saved
+    /// domain's name).
+    pub prefix: Option<String>,
 }
 
 /// The path as given, made absolute against the current directory (the
@@ -101,6 +119,38 @@ pub fn restore(a: RestoreArgs) -> ExitCode {
         } else {
             let d = &c.domain;
             println!("domain {} (id {}) restored from {}", d.name, d.id, req.file);
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn clone(a: CloneArgs) -> ExitCode {
+    verb(|| {
+        let req = CloneRequest {
+            file: absolute(&a.file)?,
+            count: a.count,
+            prefix: a.prefix.clone(),
+        };
+        eprintln!(
+            "domus: cloning {} domains from {}: copying writable disks, restoring, then \
+             giving each its own MACs ...",
+            a.count, req.file
+        );
+        let c = a.state.client()?.clone_snapshot(&req).map_err(failed)?;
+        if a.json {
+            print_json(&c);
+        } else {
+            for d in &c.domains {
+                println!("domain {} (id {}) cloned from {}", d.name, d.id, req.file);
+            }
+            for p in &c.disks {
+                println!("disk copy {p}");
+            }
+            println!(
+                "{} clones running after {:.0} ms",
+                c.domains.len(),
+                c.elapsed_ms
+            );
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -1,6 +1,7 @@
 //! The daemon (`domus daemon` and the xl-style verbs) with real domains:
 //! helpers shared by its tests.
 
+mod clone;
 mod control;
 mod devices;
 mod jail;
@@ -226,6 +227,14 @@ fn agent_config(
 fn agent_ready(guest: &Client) {
     if let Err(e) = guest.wait(Duration::from_secs(120), || true) {
         panic!("the guest agent never answered: {e}");
+    }
+}
+
+/// Waits until the agent of a restored domain answers (see
+/// `agent::wait_restored`).
+fn restored_ready(guest: &Client) {
+    if let Err(e) = crate::agent::wait_restored(guest, Duration::from_secs(120), || true) {
+        panic!("the restored guest's agent never answered: {e}");
     }
 }
 

@@ -88,11 +88,3 @@ fn daemon_saves_and_restores_a_jailed_domain() {
     daemon.wait().unwrap();
     assert_no_cgroups_left(&state);
 }
-
-/// Waits until the agent of a restored domain answers (see
-/// `agent::wait_restored`).
-fn restored_ready(guest: &Client) {
-    if let Err(e) = crate::agent::wait_restored(guest, Duration::from_secs(120), || true) {
-        panic!("the restored guest's agent never answered: {e}");
-    }
-}
