@@ -1,14 +1,16 @@
 //! `domus clone`: 16 domains from one snapshot, each with its own name,
 //! MAC, vsock CID, VM generation ID, random stream and disk copy, on one
 //! bridge at once, sharing the snapshot's memory; and clone requests
-//! refused with nothing left behind.
+//! refused with nothing left behind. Exclusive: 16 guests load the nested
+//! host, and the clones take the vsock CIDs just above the template's, which
+//! other tests of this process may hold.
 
 use super::*;
 
 const CLONES: usize = 16;
 
 #[test]
-fn daemon_clones_a_snapshot_16_times_each_its_own_exclusive() {
+fn exclusive_daemon_clones_a_snapshot_16_times_each_its_own() {
     let dir = scratch("dclone");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);
