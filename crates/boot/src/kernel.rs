@@ -7,6 +7,7 @@ use std::io::{Read, Seek, SeekFrom};
 
 use linux_loader::bootparam::setup_header;
 use linux_loader::loader::{bzimage::BzImage, elf::Elf, KernelLoader};
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::layout::HIMEM_START;
@@ -91,7 +92,10 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// Loads the kernel into guest memory.
-pub fn load(mem: &GuestMemoryMmap, file: &mut File) -> Result<LoadedKernel> {
+pub fn load<B: Bitmap + 'static>(
+    mem: &GuestMemoryMmap<B>,
+    file: &mut File,
+) -> Result<LoadedKernel> {
     let format = probe(file)?;
     file.seek(SeekFrom::Start(0)).map_err(Error::Read)?;
     match format {

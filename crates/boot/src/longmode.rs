@@ -2,6 +2,7 @@
 //! page tables covering the first GiB (2 MiB pages), as Linux's 64-bit boot
 //! protocol expects.
 
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 use crate::layout::{GDT_ADDR, IDT_ADDR, PDPT_ADDR, PD_ADDR, PML4_ADDR};
@@ -74,7 +75,9 @@ pub const EFER_LME: u64 = 1 << 8;
 pub const EFER_LMA: u64 = 1 << 10;
 
 /// Writes GDT, IDT and page tables into guest memory.
-pub fn setup(mem: &GuestMemoryMmap) -> Result<LongModeSegments, GuestMemoryError> {
+pub fn setup<B: Bitmap + 'static>(
+    mem: &GuestMemoryMmap<B>,
+) -> Result<LongModeSegments, GuestMemoryError> {
     for (i, e) in GDT.iter().enumerate() {
         mem.write_obj(*e, GuestAddress(GDT_ADDR + 8 * i as u64))?;
     }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueT};
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -196,6 +197,8 @@ pub fn discard(mem: &Memory, gpa: u64, len: u64) -> bool {
     let Ok(slice) = mem.get_slice(GuestAddress(start), (end - start) as usize) else {
         return false;
     };
+    // The pages read as zeroes from now on: changed, for a migration.
+    slice.bitmap().mark_dirty(0, slice.len());
     let guard = slice.ptr_guard_mut();
     // SAFETY: the slice lies inside one guest RAM mapping (get_slice checked
     // it), page-aligned. MADV_DONTNEED on that private anonymous mapping
@@ -578,8 +581,12 @@ mod tests {
         let m = mem();
         m.write_slice(&[7u8; 3 * 4096], GuestAddress(0x1000))
             .unwrap();
-        // Cut inwards: only the page at 0x2000 is whole inside the range.
+        let dirty = || crate::take_dirty(&m)[0][0];
+        dirty();
+        // Cut inwards: only the page at 0x2000 is whole inside the range,
+        // and only it is marked changed (for a migration).
         assert!(discard(&m, 0x1800, 0x2000));
+        assert_eq!(dirty(), 1 << 2);
         let mut b = [0u8; 3 * 4096];
         m.read_slice(&mut b, GuestAddress(0x1000)).unwrap();
         assert!(b[..4096].iter().all(|x| *x == 7));

@@ -23,13 +23,29 @@ pub mod vsock;
 use std::sync::Arc;
 
 use virtio_queue::Queue;
+use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use msix::Interrupt;
 
-/// Guest memory as every device sees it.
-pub type Memory = GuestMemoryMmap<()>;
+/// Guest memory as every device sees it. Each region has a bitmap of the
+/// pages the VMM wrote (a bit per 4 KiB page): writes through `vm-memory`
+/// (used rings, received frames, entropy) mark it themselves, and a device
+/// that writes guest memory behind its back (block reads by preadv,
+/// balloon discards) marks what it wrote. A live migration reads and
+/// clears it each round, beside KVM's dirty log of what vCPUs wrote.
+pub type Memory = GuestMemoryMmap<AtomicBitmap>;
+
+/// The pages the VMM wrote since the last call, per RAM region (a bit per
+/// 4 KiB page, in 64-bit words); the bitmaps are cleared as they are read.
+pub fn take_dirty(mem: &Memory) -> Vec<Vec<u64>> {
+    use vm_memory::GuestMemoryBackend;
+    // Each region's own AtomicBitmap (MmapRegion::bitmap, through Deref).
+    mem.iter()
+        .map(|r| std::ops::Deref::deref(r).bitmap().get_and_reset())
+        .collect()
+}
 
 // Feature bits as masks, from the virtio headers' bit numbers
 // (virtio-bindings).

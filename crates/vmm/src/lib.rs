@@ -13,6 +13,7 @@ pub mod cpuid;
 pub mod hotplug;
 pub mod irq;
 pub mod memory;
+pub mod migration;
 #[cfg(test)]
 mod openapi_check;
 pub mod pause;

@@ -5,8 +5,9 @@
 
 use std::os::fd::AsRawFd;
 
+use domus_virtio::Memory;
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    bitmap::AtomicBitmap, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap,
     MmapRegion,
 };
 
@@ -47,10 +48,7 @@ vmm_sys_util::ioctl_iowr_nr!(
 /// later), the second-level page tables that map them. The guest then
 /// takes no fault in the host when it first touches a page, and every
 /// page is committed at start instead of on first use.
-pub fn prefault(
-    mem: &GuestMemoryMmap,
-    vcpu: Option<&impl AsRawFd>,
-) -> Result<Prefaulted, MemoryError> {
+pub fn prefault(mem: &Memory, vcpu: Option<&impl AsRawFd>) -> Result<Prefaulted, MemoryError> {
     for r in mem.iter() {
         let len = r.len() as usize;
         // SAFETY: the range is one guest memory mapping, alive as long as
@@ -105,7 +103,7 @@ pub fn prefault(
 
 /// Opens guest memory to the host's KSM (`mergeable = 1`): identical
 /// pages are merged with those of other processes that allow it.
-pub fn mergeable(mem: &GuestMemoryMmap) -> std::io::Result<()> {
+pub fn mergeable(mem: &Memory) -> std::io::Result<()> {
     for r in mem.iter() {
         // SAFETY: advice on a range that is one guest memory mapping, alive
         // as long as `mem`; it changes no contents.
@@ -125,7 +123,7 @@ pub fn mergeable(mem: &GuestMemoryMmap) -> std::io::Result<()> {
 
 /// One anonymous mapping of `size` bytes at a 2 MiB-aligned address. It lives
 /// as long as the process: a domain's memory goes away with its VMM.
-fn map_aligned(size: usize) -> Result<MmapRegion, MemoryError> {
+fn map_aligned(size: usize) -> Result<MmapRegion<AtomicBitmap>, MemoryError> {
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
     let padded = size + HUGE;
@@ -158,7 +156,7 @@ fn map_aligned(size: usize) -> Result<MmapRegion, MemoryError> {
 }
 
 /// Guest memory for `(guest address, size)` ranges.
-pub fn allocate(ranges: &[(u64, u64)]) -> Result<GuestMemoryMmap, MemoryError> {
+pub fn allocate(ranges: &[(u64, u64)]) -> Result<Memory, MemoryError> {
     let mut regions = Vec::with_capacity(ranges.len());
     for &(addr, size) in ranges {
         let region = map_aligned(size as usize)?;
@@ -166,7 +164,7 @@ pub fn allocate(ranges: &[(u64, u64)]) -> Result<GuestMemoryMmap, MemoryError> {
             MemoryError::Region(vm_memory::mmap::MmapRegionError::InvalidPointer),
         )?);
     }
-    GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Layout)
+    Memory::from_regions(regions).map_err(MemoryError::Layout)
 }
 
 #[cfg(test)]

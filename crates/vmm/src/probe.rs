@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use domus_boot::longmode;
 use kvm_ioctls::{Kvm, VcpuExit};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::{kvm_err, Error, Result};
 
@@ -32,7 +32,7 @@ impl ProbeResult {
 pub fn probe() -> Result<ProbeResult> {
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-    let mem: GuestMemoryMmap =
+    let mem: domus_virtio::Memory =
         crate::memory::allocate(&[(0, 2 << 20)]).map_err(|e| Error::Memory(2, e))?;
     // `vm` is dropped before `mem` at the end of this function.
     crate::vm::register_memory(&vm, &mem)?;

@@ -14,11 +14,12 @@ use domus_devices::platform::{self, AcpiPm, Ged, GedEvents, PvPanic, I8042};
 use domus_devices::serial::{SerialDevice, COM1_BASE, COM1_IRQ};
 use domus_devices::{GuestEvent, PioBus};
 use domus_virtio::balloon::BalloonHandle;
+use domus_virtio::Memory;
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::api;
@@ -86,18 +87,28 @@ pub fn max_vcpus(kvm: &Kvm) -> u32 {
 
 /// Gives `mem`'s regions to the VM as memory slots 0, 1, ...; `mem` must stay
 /// mapped as long as the VM exists.
-pub(crate) fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<()> {
+pub(crate) fn register_memory(vm: &VmFd, mem: &Memory) -> Result<()> {
+    register_memory_flags(vm, mem, 0).map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))
+}
+
+/// Registers (or registers again, changing `flags`: the dirty log) each
+/// RAM region of `mem` as the KVM memory slot of its index.
+pub(crate) fn register_memory_flags(
+    vm: &VmFd,
+    mem: &Memory,
+    flags: u32,
+) -> std::result::Result<(), kvm_ioctls::Error> {
     for (slot, region) in mem.iter().enumerate() {
         let r = kvm_userspace_memory_region {
             slot: slot as u32,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
-            flags: 0,
+            flags,
         };
         // SAFETY: the mapping belongs to `mem`, which outlives the VM (both live
         // until the process exits), and the slots do not overlap.
-        unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { vm.set_user_memory_region(r) }?;
     }
     Ok(())
 }
@@ -116,7 +127,7 @@ fn open_checked(what: &'static str, path: &std::path::Path) -> Result<File> {
 /// initrd, command line, ACPI tables, reset vector, zero page, long mode.
 fn write_boot_data(
     cfg: &VmConfig,
-    mem: &GuestMemoryMmap,
+    mem: &Memory,
     kernel_file: &mut File,
     cmdline: &[u8],
 ) -> Result<(kernel::LoadedKernel, longmode::LongModeSegments)> {
@@ -187,7 +198,7 @@ fn write_boot_data(
 /// reads it (`layout::VMGENID_ADDR`): at boot, and at every restore (each
 /// restored copy of a snapshot is a new generation, whose random number
 /// generator the guest reseeds when notified).
-fn new_generation(mem: &GuestMemoryMmap) -> Result<()> {
+fn new_generation(mem: &Memory) -> Result<()> {
     let mut id = [0u8; 16];
     // SAFETY: getrandom(2) writes at most `id.len()` bytes into `id`.
     let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };

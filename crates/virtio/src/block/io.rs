@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::request::{Kind, Request, Segment, ID_BYTES, SECTOR_SIZE, S_IOERR, S_OK};
@@ -58,11 +59,17 @@ fn add(c: &AtomicU64, v: u64) {
 }
 
 /// iovecs over the request's buffers (each checked to lie in one region).
-fn iovecs(mem: &Memory, req: &Request) -> Option<Vec<libc::iovec>> {
+/// Buffers the disk is read into (`into_guest`) are marked dirty in
+/// guest memory's bitmap first: preadv writes them behind `vm-memory`'s
+/// back.
+fn iovecs(mem: &Memory, req: &Request, into_guest: bool) -> Option<Vec<libc::iovec>> {
     req.data
         .iter()
         .map(|d| {
             let s = mem.get_slice(GuestAddress(d.addr), d.len as usize).ok()?;
+            if into_guest {
+                s.bitmap().mark_dirty(0, s.len());
+            }
             Some(libc::iovec {
                 iov_base: s.ptr_guard_mut().as_ptr().cast(),
                 iov_len: s.len(),
@@ -155,14 +162,14 @@ pub fn execute(disk: &Disk, mem: &Memory, req: &Request) -> u8 {
         Kind::In => {
             add(&c.read_ops, 1);
             add(&c.read_bytes, req.data_len);
-            iovecs(mem, req)
+            iovecs(mem, req, true)
                 .is_some_and(|iov| transfer(&disk.file, iov, req.sector * SECTOR_SIZE, false))
         }
         Kind::Out if disk.read_only => false,
         Kind::Out => {
             add(&c.write_ops, 1);
             add(&c.write_bytes, req.data_len);
-            iovecs(mem, req)
+            iovecs(mem, req, false)
                 .is_some_and(|iov| transfer(&disk.file, iov, req.sector * SECTOR_SIZE, true))
         }
         Kind::Flush => {
@@ -193,5 +200,60 @@ pub fn execute(disk: &Disk, mem: &Memory, req: &Request) -> u8 {
     } else {
         add(&c.errors, 1);
         S_IOERR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::request::Desc;
+
+    fn request(kind: Kind, addr: u64, len: u32) -> Request {
+        Request {
+            kind,
+            sector: 0,
+            data: vec![Desc {
+                addr,
+                len,
+                write: kind == Kind::In,
+            }],
+            data_len: u64::from(len),
+            segments: Vec::new(),
+            status: GuestAddress(0),
+        }
+    }
+
+    #[test]
+    fn a_disk_read_marks_the_guest_pages_it_filled_dirty_and_a_write_none() {
+        let path = std::env::temp_dir().join(format!("domus-io-dirty-{}.img", std::process::id()));
+        std::fs::write(&path, vec![5u8; 64 << 10]).unwrap();
+        let disk = Disk {
+            file: std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap(),
+            read_only: false,
+            id: [0; ID_BYTES],
+            counters: Counters::default(),
+        };
+        let mem = Memory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let bitmap = || crate::take_dirty(&mem)[0].clone();
+        bitmap();
+        // 3 pages from the middle of page 2: pages 2, 3, 4 and 5 are written.
+        assert_eq!(
+            execute(&disk, &mem, &request(Kind::In, 0x2800, 3 * 4096)),
+            S_OK
+        );
+        assert_eq!(bitmap()[0], 0b11_1100);
+        let mut b = [0u8; 4];
+        mem.read_slice(&mut b, GuestAddress(0x2800)).unwrap();
+        assert_eq!(b, [5; 4]);
+        assert_eq!(
+            execute(&disk, &mem, &request(Kind::Out, 0x8000, 4096)),
+            S_OK
+        );
+        assert_eq!(bitmap()[0], 0, "a disk write only reads guest memory");
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -9,10 +9,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use domus_api::snapshot::MemoryRegion;
-use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
-    MmapRegion,
-};
+use domus_virtio::Memory;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MmapRegion};
 
 use super::SnapshotError;
 
@@ -34,7 +32,7 @@ fn io(what: &'static str) -> impl Fn(std::io::Error) -> SnapshotError {
 /// Writes all of `mem` into `file` (truncated first), each region after the
 /// last, skipping pages of zeroes. Nothing may write guest memory
 /// meanwhile: the vCPUs are paused and the devices stopped.
-pub fn save(mem: &GuestMemoryMmap, file: &File) -> Result<Saved, SnapshotError> {
+pub fn save(mem: &Memory, file: &File) -> Result<Saved, SnapshotError> {
     let total: u64 = mem.iter().map(|r| r.len()).sum();
     file.set_len(0).map_err(io("truncating the memory file"))?;
     file.set_len(total).map_err(io("sizing the memory file"))?;
@@ -120,7 +118,7 @@ pub fn check(
 }
 
 /// Maps the saved regions of `file` copy-on-write as guest memory.
-pub fn map(regions: &[MemoryRegion], file: &File) -> Result<GuestMemoryMmap, SnapshotError> {
+pub fn map(regions: &[MemoryRegion], file: &File) -> Result<Memory, SnapshotError> {
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
     let mut out = Vec::new();
@@ -157,14 +155,14 @@ pub fn map(regions: &[MemoryRegion], file: &File) -> Result<GuestMemoryMmap, Sna
                 .ok_or_else(|| SnapshotError::Machine("memory region overflows".into()))?,
         );
     }
-    GuestMemoryMmap::from_regions(out).map_err(|e| SnapshotError::Machine(format!("memory: {e}")))
+    Memory::from_regions(out).map_err(|e| SnapshotError::Machine(format!("memory: {e}")))
 }
 
 /// Reads every page of a mapped image now (`--prefault`), and checks it
 /// against the CRC-32 saved with it (of the pages that are not all
 /// zeroes, in order: a page written that reads as zeroes now, or a hole
 /// that does not, changes it too).
-pub fn load_and_verify(mem: &GuestMemoryMmap, crc32: u32) -> Result<(), SnapshotError> {
+pub fn load_and_verify(mem: &Memory, crc32: u32) -> Result<(), SnapshotError> {
     let mut crc = crc32fast::Hasher::new();
     for r in mem.iter() {
         // SAFETY: as in `save`: the mapping is r.len() bytes, and nothing

@@ -32,9 +32,9 @@ use domus_api::spec::VmSpec;
 use domus_devices::bus::lock;
 use domus_devices::serial::{SerialDevice, SerialState};
 use domus_virtio::pci::VirtioPciState;
+use domus_virtio::Memory;
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
-use vm_memory::GuestMemoryMmap;
 
 use crate::pause::{Pause, PauseError};
 use crate::registry::{self, DeviceSpec};
@@ -123,7 +123,7 @@ pub struct Saved {
 /// What a running domain needs to be saved.
 pub struct Snapshotter {
     pub vm: Arc<VmFd>,
-    pub mem: Arc<GuestMemoryMmap>,
+    pub mem: Arc<Memory>,
     pub devices: Arc<Mutex<Vec<registry::Device>>>,
     pub serial: Arc<Mutex<SerialDevice>>,
     pub pause: Arc<Pause>,
