@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""bench/snapshot: save and restore, Domus beside Cloud Hypervisor v53.
+"""bench/snapshot: save and restore, Domus beside Cloud Hypervisor v53 and
+Firecracker v1.16.
 
 Run inside the nested KVM host by tools/bench-snapshot (`run.py measure
 OUT`), then `run.py report OUT` here. For each guest size (SIZES, MiB) and
@@ -12,11 +13,15 @@ the guest fills an eighth of its memory with random bytes, then prints
     then snapshot), and its size (apparent, and allocated on disk);
   * restore: the time from starting the restoring VMM to its API saying the
     guest runs (Domus: GET /v1/domain says running; Cloud Hypervisor, which
-    restores paused: ch-remote resume returned), and to the guest's next
-    `tick` on its console.
+    restores paused: ch-remote resume returned; Firecracker: PUT
+    /snapshot/load with resume_vm answered), and to the guest's next `tick`
+    on its console.
 
-Snapshots go to the nested host's /tmp (a tmpfs) for both. Ratios are
-Domus / Cloud Hypervisor in the same run; absolute times in the nested
+Firecracker boots the ELF vmlinux only (the others the bzImage), and saves
+with PATCH /vm Paused then PUT /snapshot/create (a full snapshot).
+
+Snapshots go to the nested host's /tmp (a tmpfs) for all. Ratios are
+Domus / Cloud Hypervisor and Domus / Firecracker in the same run; absolute times in the nested
 host are about ten times native.
 """
 import datetime
@@ -37,6 +42,7 @@ DOMUS = os.path.join(REPO, "target/release/domus")
 PEERS = os.path.join(os.path.dirname(REPO), "shared/peers")
 CH = os.path.join(PEERS, "cloud-hypervisor")
 CH_REMOTE = os.path.join(PEERS, "ch-remote")
+FC = os.path.join(PEERS, "firecracker")
 SIZES = [int(s) for s in os.environ.get("SIZES", "128,512,2048").split(",")]
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 WORK = "/tmp/bench-snapshot"
@@ -82,21 +88,6 @@ class Console:
                 if left <= 0 or self.proc.poll() is not None and not self.lines:
                     raise TimeoutError(f"no '{text}' on the console")
                 self.cv.wait(min(left, 0.5))
-
-
-def http(sock, method, path, body=None, timeout=600):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(timeout)
-    s.connect(sock)
-    data = json.dumps(body).encode() if body is not None else b""
-    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
-              f"Connection: close\r\n\r\n".encode() + data)
-    out = b""
-    while chunk := s.recv(65536):
-        out += chunk
-    s.close()
-    head, _, rest = out.partition(b"\r\n\r\n")
-    return int(head.split()[1]), rest.decode(errors="replace")
 
 
 def wait_socket(sock, proc, timeout=120):
@@ -206,13 +197,93 @@ def ch_round(k, mib):
             "restore_running_ms": running_ms, "restore_console_ms": tick_ms}
 
 
+def http(sock, method, path, body=None, timeout=600):
+    """One request to a VMM's API socket; the answer is read up to its
+    Content-Length (Firecracker keeps the connection open)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    s.connect(sock)
+    data = json.dumps(body).encode() if body is not None else b""
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Accept: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    out = b""
+    while b"\r\n\r\n" not in out:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    head, _, rest = out.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    s.close()
+    return int(head.split()[1]), rest.decode(errors="replace")
+
+
+def fc_round(k, mib):
+    d = os.path.join(WORK, f"fc-{mib}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    api, api2 = f"{d}/api.sock", f"{d}/api2.sock"
+    snap, mem = f"{d}/vm.snap", f"{d}/vm.mem"
+    vmlinux = os.path.join(os.path.dirname(k["kernel"]), "vmlinux")
+    with open(f"{d}/config.json", "w") as f:
+        json.dump({"boot-source": {"kernel_image_path": vmlinux, "initrd_path": k["initrd"],
+                                   "boot_args": guest_cmd(mib).replace(" -- ", " reboot=k -- ", 1)},
+                   "machine-config": {"vcpu_count": 1, "mem_size_mib": mib},
+                   "drives": []}, f)
+    boot = subprocess.Popen([FC, "--api-sock", api, "--config-file", f"{d}/config.json"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    con = Console(boot)
+    con.wait("filled")
+    con.wait("tick", after=time.monotonic())
+    t0 = time.monotonic()
+    for method, path, body in (("PATCH", "/vm", {"state": "Paused"}),
+                               ("PUT", "/snapshot/create", {"snapshot_type": "Full",
+                                                            "snapshot_path": snap,
+                                                            "mem_file_path": mem})):
+        status, text = http(api, method, path, body)
+        if status >= 300:
+            raise RuntimeError(f"firecracker {method} {path}: {status} {text}")
+    save_ms = (time.monotonic() - t0) * 1000
+    kill(boot)
+    apparent, allocated = sizes_of([snap, mem])
+    t0 = time.monotonic()
+    back = subprocess.Popen([FC, "--api-sock", api2], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    con2 = Console(back)
+    wait_socket(api2, back)
+    status, text = http(api2, "PUT", "/snapshot/load",
+                           {"snapshot_path": snap, "resume_vm": True,
+                            "mem_backend": {"backend_path": mem, "backend_type": "File"}})
+    if status >= 300:
+        raise RuntimeError(f"firecracker snapshot/load: {status} {text}")
+    running_ms = (time.monotonic() - t0) * 1000
+    tick_ms = (con2.wait("tick", after=t0) - t0) * 1000
+    kill(back)
+    shutil.rmtree(d, ignore_errors=True)
+    return {"save_ms": save_ms, "apparent_bytes": apparent, "allocated_bytes": allocated,
+            "restore_running_ms": running_ms, "restore_console_ms": tick_ms}
+
+
+VMMS = (("domus", domus_round), ("cloud-hypervisor", ch_round), ("firecracker", fc_round))
+
+
 def measure(dest):
     k = kit()
     out = {"where": "nested KVM host (Debian kernel under QEMU TCG)", "sizes": {}}
     for mib in SIZES:
-        rows = {"domus": [], "cloud-hypervisor": []}
+        rows = {name: [] for name, _ in VMMS}
         for r in range(ROUNDS):
-            for name, f in (("domus", domus_round), ("cloud-hypervisor", ch_round)):
+            for name, f in VMMS:
                 try:
                     m = f(k, mib)
                 except Exception as e:  # a failed round is reported, not hidden
@@ -242,27 +313,28 @@ def report(src, command):
             ("apparent_bytes", "snapshot, apparent (MiB)"),
             ("allocated_bytes", "snapshot, on disk (MiB)")]
     lines = [
-        "# bench/snapshot: save and restore, Domus and Cloud Hypervisor v53",
+        "# bench/snapshot: save and restore, Domus, Cloud Hypervisor v53 and Firecracker v1.16",
         "",
         f"{m['where']}; {m['date']}; `{command}`; medians of {ROUNDS} rounds per size. "
-        "Each guest (kit kernel and initramfs, 1 vCPU) filled an eighth of its memory "
+        "Each guest (kit kernel and initramfs, 1 vCPU; Firecracker the ELF vmlinux, the "
+        "others the bzImage) filled an eighth of its memory "
         "with random bytes, then printed a line every 20 ms; snapshots on the nested "
         "host's tmpfs. Restore is timed from starting the restoring VMM.",
         "",
-        "| guest | measure | Domus | Cloud Hypervisor | Domus / CH |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| guest | measure | Domus | Cloud Hypervisor | Firecracker | Domus / CH | Domus / FC |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mib, rows in m["sizes"].items():
         for key, label in cols:
-            a, b = med(rows["domus"], key), med(rows["cloud-hypervisor"], key)
+            a, b, c = (med(rows.get(n, []), key)
+                       for n in ("domus", "cloud-hypervisor", "firecracker"))
             scale = (1 << 20) if key.endswith("bytes") else 1
-            fa = f"{a / scale:.1f}" if a is not None else "failed"
-            fb = f"{b / scale:.1f}" if b is not None else "failed"
-            ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
-            lines.append(f"| {mib} MiB | {label} | {fa} | {fb} | {ratio} |")
+            fa, fb, fc = (f"{x / scale:.1f}" if x is not None else "failed" for x in (a, b, c))
+            rb, rc = (f"{a / x:.2f}" if a is not None and x else "n/a" for x in (b, c))
+            lines.append(f"| {mib} MiB | {label} | {fa} | {fb} | {fc} | {rb} | {rc} |")
         errors = [r["error"] for n in rows.values() for r in n if "error" in r]
         for e in errors:
-            lines.append(f"| {mib} MiB | a failed round | {e} | | |")
+            lines.append(f"| {mib} MiB | a failed round | {e} | | | | |")
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
