@@ -63,10 +63,15 @@ impl Daemon {
         let cids = match base.vsock_cid {
             Some(saved) => {
                 let used: HashSet<u64> = rows.iter().filter_map(|r| r.config.vsock_cid).collect();
-                free_cids(saved, &used, names.len())
-                    .into_iter()
-                    .map(Some)
-                    .collect()
+                let cids = free_cids(saved, &used, names.len());
+                if cids.len() < names.len() {
+                    return Err(Error::Invalid(format!(
+                        "only {} vsock CIDs are free above the saved {saved}, for {} clones",
+                        cids.len(),
+                        names.len()
+                    )));
+                }
+                cids.into_iter().map(Some).collect()
             }
             None => vec![None; names.len()],
         };
@@ -229,10 +234,12 @@ impl Daemon {
     }
 }
 
-/// `n` vsock CIDs above `saved` that no domain in `used` has.
+/// Up to `n` vsock CIDs above `saved` that no domain in `used` has
+/// (fewer when the CIDs run out: they are below u32::MAX, which means
+/// any).
 fn free_cids(saved: u64, used: &HashSet<u64>, n: usize) -> Vec<u64> {
-    (saved.max(2) + 1..)
-        .filter(|c| !used.contains(c) && *c < u64::from(u32::MAX))
+    (saved.max(2).saturating_add(1)..u64::from(u32::MAX))
+        .filter(|c| !used.contains(c))
         .take(n)
         .collect()
 }
@@ -367,5 +374,9 @@ mod tests {
         let used = HashSet::from([11, 13]);
         assert_eq!(free_cids(10, &used, 3), vec![12, 14, 15]);
         assert_eq!(free_cids(0, &HashSet::new(), 2), vec![3, 4]);
+        // A saved CID at the top of the range: what is left, not a hang.
+        let top = u64::from(u32::MAX) - 2;
+        assert_eq!(free_cids(top, &HashSet::new(), 3), vec![top + 1]);
+        assert!(free_cids(u64::MAX, &HashSet::new(), 3).is_empty());
     }
 }
