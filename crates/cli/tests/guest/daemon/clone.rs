@@ -50,70 +50,42 @@ fn exclusive_daemon_clones_a_snapshot_16_times_each_its_own() {
     assert_eq!(std::fs::read(dir.join("d-bad-2.img")).unwrap(), b"mine");
     assert_eq!(list(&state).len(), 1, "only Domain-0: {:?}", list(&state));
 
-    // 16 clones at once. A clone whose guest triple-faults (the nested
-    // host's bug, see tools/test) fails them all; that alone is tried
-    // again, at most 3 times, each retry said.
+    // 16 clones at once, each checked from inside. A clone whose guest
+    // triple-faults (the nested host's bug, see tools/test; seen in clones
+    // while they handle the interface hot-plug, issue 14's note) fails the
+    // attempt; that alone is tried again from scratch, at most 3 times,
+    // each retry said.
     let count = CLONES.to_string();
     let mut retries = 0;
-    let (ok, out, err) = loop {
+    let (cloned, pss_kib) = loop {
         let faults = triple_faulted(&daemon.log).len();
-        let r = domus_cli(&state, &["clone", "--json", s, &count, "cl"]);
-        let faulted = triple_faulted(&daemon.log).len() > faults;
-        if r.0 || !faulted || retries == 3 {
-            break r;
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            clone_and_check(&state, s, &count, &template_mac, &template_gen)
+        }));
+        match attempt {
+            Ok(done) => break done,
+            Err(e) if retries < 3 && triple_faulted(&daemon.log).len() > faults => {
+                retries += 1;
+                eprintln!(
+                    "domus-test: a clone's guest triple-faulted; cloning again (retry {retries} of 3)"
+                );
+                for d in list(&state).iter().filter(|d| d.name.starts_with("cl-")) {
+                    assert!(domus_cli(&state, &["destroy", &d.name]).0);
+                }
+                for i in 1..=CLONES {
+                    let _ = std::fs::remove_file(dir.join(format!("d-cl-{i}.img")));
+                }
+                drop(e);
+            }
+            Err(e) => {
+                // The next tests need the nested host: no clone left running.
+                for d in list(&state).iter().filter(|d| d.name.starts_with("cl-")) {
+                    let _ = domus_cli(&state, &["destroy", &d.name]);
+                }
+                std::panic::resume_unwind(e);
+            }
         }
-        retries += 1;
-        eprintln!(
-            "domus-test: a clone's guest triple-faulted; cloning again (retry {retries} of 3)"
-        );
-        assert_eq!(list(&state).len(), 1, "a failed clone left domains");
     };
-    assert!(ok, "{out}{err}");
-    let cloned: domus_api::daemon::Cloned =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(cloned.domains.len(), CLONES);
-    assert_eq!(cloned.disks.len(), CLONES);
-    let mut macs = std::collections::HashSet::from([template_mac.clone()]);
-    let mut gens = std::collections::HashSet::from([template_gen]);
-    let mut randoms = std::collections::HashSet::new();
-    let mut cids = std::collections::HashSet::new();
-    let mut pss_kib = 0;
-    for (i, d) in cloned.domains.iter().enumerate() {
-        assert_eq!(d.name, format!("cl-{}", i + 1));
-        assert_eq!(d.state, State::Running, "{d:?}");
-        let cid = d.vsock_cid.expect("a clone has a vsock CID");
-        assert!(cids.insert(cid), "CID {cid} given twice");
-        let c = Client::new(cid as u32, agent::AGENT_PORT);
-        restored_ready(&c);
-        let sh = |cmd: &str| guest_sh(&c, cmd);
-        // Its memory and its disk copy are the template's.
-        assert_eq!(
-            sh("dd if=/dev/vda bs=512 skip=5 count=1 2>/dev/null | head -n1"),
-            "template"
-        );
-        sh(&format!(
-            "echo {} | dd of=/dev/vda bs=512 seek=6 conv=fsync 2>/dev/null",
-            d.name
-        ));
-        // Its interface was replaced: a new MAC, working on the bridge.
-        let mac = sh(
-            "for i in $(seq 300); do a=$(cat /sys/class/net/eth0/address 2>/dev/null) && \
-             [ \"$a\" != \"$OLD\" ] && echo $a && exit 0; sleep 0.1; done; exit 1"
-                .replace("$OLD", &template_mac)
-                .as_str(),
-        );
-        assert!(macs.insert(mac.clone()), "MAC {mac} given twice");
-        sh(&format!(
-            "ip addr add 10.83.0.{}/24 dev eth0 && ip link set eth0 up && \
-             for i in $(seq 100); do ping -c1 -W1 10.83.0.1 >/dev/null && exit 0; done; exit 1",
-            10 + i
-        ));
-        let g = sh("devmem 0xef000 64");
-        assert!(gens.insert(g.clone()), "generation ID {g} seen twice");
-        let r = sh("head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'");
-        assert!(randoms.insert(r.clone()), "random stream {r} seen twice");
-        pss_kib += pss_kib_of(d.pid.unwrap() as u64);
-    }
     // Each disk copy has its own clone's write; the template's disk has none.
     for (d, copy) in cloned.domains.iter().zip(&cloned.disks) {
         let bytes = std::fs::read(copy).unwrap();
@@ -143,6 +115,67 @@ fn exclusive_daemon_clones_a_snapshot_16_times_each_its_own() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     assert_no_cgroups_left(&state);
+}
+
+/// `domus clone FILE COUNT cl`, then each clone checked from inside: the
+/// template's memory and disk, its own CID, MAC (pinging the host on the
+/// bridge), generation ID and random stream, a write to its disk copy.
+/// Returns the answer and the clones' PSS together, in KiB.
+fn clone_and_check(
+    state: &std::path::Path,
+    snap: &str,
+    count: &str,
+    template_mac: &str,
+    template_gen: &str,
+) -> (domus_api::daemon::Cloned, u64) {
+    let (ok, out, err) = domus_cli(state, &["clone", "--json", snap, count, "cl"]);
+    assert!(ok, "{out}{err}");
+    let cloned: domus_api::daemon::Cloned =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(cloned.domains.len(), CLONES);
+    assert_eq!(cloned.disks.len(), CLONES);
+    let mut macs = std::collections::HashSet::from([template_mac.to_string()]);
+    let mut gens = std::collections::HashSet::from([template_gen.to_string()]);
+    let mut randoms = std::collections::HashSet::new();
+    let mut cids = std::collections::HashSet::new();
+    let mut pss_kib = 0;
+    for (i, d) in cloned.domains.iter().enumerate() {
+        assert_eq!(d.name, format!("cl-{}", i + 1));
+        assert_eq!(d.state, State::Running, "{d:?}");
+        let cid = d.vsock_cid.expect("a clone has a vsock CID");
+        assert!(cids.insert(cid), "CID {cid} given twice");
+        let c = Client::new(cid as u32, agent::AGENT_PORT);
+        restored_ready(&c);
+        let sh = |cmd: &str| guest_sh(&c, cmd);
+        // Its memory and its disk copy are the template's.
+        assert_eq!(
+            sh("dd if=/dev/vda bs=512 skip=5 count=1 2>/dev/null | head -n1"),
+            "template"
+        );
+        sh(&format!(
+            "echo {} | dd of=/dev/vda bs=512 seek=6 conv=fsync 2>/dev/null",
+            d.name
+        ));
+        // Its interface was replaced: a new MAC, working on the bridge.
+        let mac = sh(
+            "for i in $(seq 300); do a=$(cat /sys/class/net/eth0/address 2>/dev/null) && \
+             [ \"$a\" != \"$OLD\" ] && echo $a && exit 0; sleep 0.1; done; exit 1"
+                .replace("$OLD", template_mac)
+                .as_str(),
+        );
+        assert!(macs.insert(mac.clone()), "MAC {mac} given twice");
+        sh(&format!(
+            "ip addr add 10.83.0.{}/24 dev eth0 && ip link set eth0 up && \
+             for i in $(seq 100); do ping -c1 -W1 10.83.0.1 >/dev/null && exit 0; done; exit 1",
+            10 + i
+        ));
+        let g = sh("devmem 0xef000 64");
+        assert!(gens.insert(g.clone()), "generation ID {g} seen twice");
+        let r = sh("head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'");
+        assert!(randoms.insert(r.clone()), "random stream {r} seen twice");
+        pss_kib += pss_kib_of(d.pid.unwrap() as u64);
+    }
+    (cloned, pss_kib)
 }
 
 /// The proportional set size of process `pid`, in KiB: its private pages
