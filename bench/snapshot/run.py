@@ -110,6 +110,18 @@ def kill(proc):
     proc.wait()
 
 
+def finish_round(d, back, con2, t0, save_ms, apparent, allocated):
+    """A round's numbers once the restored guest runs (now): the times
+    since t0 to running and to its next console tick; the restored VMM is
+    killed and the round's directory removed."""
+    running_ms = (time.monotonic() - t0) * 1000
+    tick_ms = (con2.wait("tick", after=t0) - t0) * 1000
+    kill(back)
+    shutil.rmtree(d, ignore_errors=True)
+    return {"save_ms": save_ms, "apparent_bytes": apparent, "allocated_bytes": allocated,
+            "restore_running_ms": running_ms, "restore_console_ms": tick_ms}
+
+
 def domus_round(k, mib):
     d = os.path.join(WORK, f"domus-{mib}")
     shutil.rmtree(d, ignore_errors=True)
@@ -145,12 +157,7 @@ def domus_round(k, mib):
         except OSError:
             pass
         time.sleep(0.002)
-    running_ms = (time.monotonic() - t0) * 1000
-    tick_ms = (con2.wait("tick", after=t0) - t0) * 1000
-    kill(back)
-    shutil.rmtree(d, ignore_errors=True)
-    return {"save_ms": save_ms, "apparent_bytes": apparent, "allocated_bytes": allocated,
-            "restore_running_ms": running_ms, "restore_console_ms": tick_ms}
+    return finish_round(d, back, con2, t0, save_ms, apparent, allocated)
 
 
 def ch_remote(sock, *args):
@@ -190,12 +197,7 @@ def ch_round(k, mib):
             break
         except subprocess.CalledProcessError:
             time.sleep(0.002)
-    running_ms = (time.monotonic() - t0) * 1000
-    tick_ms = (con2.wait("tick", after=t0) - t0) * 1000
-    kill(back)
-    shutil.rmtree(d, ignore_errors=True)
-    return {"save_ms": save_ms, "apparent_bytes": apparent, "allocated_bytes": allocated,
-            "restore_running_ms": running_ms, "restore_console_ms": tick_ms}
+    return finish_round(d, back, con2, t0, save_ms, apparent, allocated)
 
 
 def http(sock, method, path, body=None, timeout=600):
@@ -267,12 +269,7 @@ def fc_round(k, mib):
                             "mem_backend": {"backend_path": mem, "backend_type": "File"}})
     if status >= 300:
         raise RuntimeError(f"firecracker snapshot/load: {status} {text}")
-    running_ms = (time.monotonic() - t0) * 1000
-    tick_ms = (con2.wait("tick", after=t0) - t0) * 1000
-    kill(back)
-    shutil.rmtree(d, ignore_errors=True)
-    return {"save_ms": save_ms, "apparent_bytes": apparent, "allocated_bytes": allocated,
-            "restore_running_ms": running_ms, "restore_console_ms": tick_ms}
+    return finish_round(d, back, con2, t0, save_ms, apparent, allocated)
 
 
 VMMS = (("domus", domus_round), ("cloud-hypervisor", ch_round), ("firecracker", fc_round))
