@@ -17,11 +17,14 @@
 //!   the command-line syntax, parsed and checked once.
 //! - [`snapshot`]: the snapshot file's envelope and the checks made
 //!   before it is trusted.
+//! - [`migration`]: the live-migration stream between a source and a
+//!   destination VMM, which the daemons relay (docs/migration.md).
 //! - [`openapi`]: checks of both documents' schemas against these types.
 
 pub mod client;
 pub mod daemon;
 pub mod domain;
+pub mod migration;
 pub mod openapi;
 pub mod snapshot;
 pub mod spec;

@@ -242,6 +242,77 @@ pub struct SnapshotInfo {
     pub paused: bool,
 }
 
+/// `PUT /v1/domain/migrate`: send the domain live to a destination VMM
+/// (docs/migration.md). The answer (200, a [`MigrationStatus`]) hands
+/// the connection over: the migration's stream follows on it, and
+/// `GET /v1/domain/migration` tells how it goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// The longest the guest may stop for the last copy (default 300 ms).
+    #[serde(default = "default_downtime_ms")]
+    pub downtime_ms: u64,
+    /// Pre-copy rounds after which a migration that has not come under
+    /// the downtime gives up, leaving the domain running here (default 30).
+    #[serde(default = "default_max_rounds")]
+    pub max_rounds: u32,
+}
+
+impl Default for MigrateRequest {
+    fn default() -> Self {
+        Self {
+            downtime_ms: default_downtime_ms(),
+            max_rounds: default_max_rounds(),
+        }
+    }
+}
+
+fn default_downtime_ms() -> u64 {
+    300
+}
+
+fn default_max_rounds() -> u32 {
+    30
+}
+
+/// Where a live migration is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrationState {
+    /// None was asked for.
+    #[default]
+    None,
+    /// Copying memory while the guest runs.
+    Copying,
+    /// The guest is stopped: the last pages and the state are going.
+    Stopped,
+    /// The guest runs on the destination; this VMM ends.
+    Completed,
+    /// It failed or was cancelled: the guest runs here as before.
+    Failed,
+}
+
+/// `GET /v1/domain/migration`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationStatus {
+    pub state: MigrationState,
+    /// Pre-copy rounds sent.
+    pub rounds: u32,
+    /// Bytes sent so far.
+    pub bytes_sent: u64,
+    /// Pages dirtied since the last round (the next round's work).
+    pub dirty_pages: u64,
+    /// The last round's rate, MiB per second.
+    pub mib_per_s: f64,
+    /// How long the guest would stop if the copy stopped now.
+    pub expected_downtime_ms: f64,
+    /// How long the guest was stopped, once completed.
+    pub downtime_ms: Option<f64>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

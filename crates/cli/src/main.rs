@@ -31,6 +31,7 @@ Exit status:
   3    the guest rebooted
   4    the guest crashed: its kernel panicked (reported through pvpanic; with
        panic=-1 it would otherwise reboot), or KVM could not run its code
+  5    the guest was migrated live and runs on the destination now
   130  ended from the console with Ctrl-A x
 
 On the console (--console stdout with a terminal on stdin), input goes to the
@@ -148,8 +149,19 @@ struct RunArgs {
         "balloon_target",
     ])]
     restore: Option<PathBuf>,
+    /// Take a domain migrated live from another VMM instead of booting one
+    /// (docs/migration.md): listen on this Unix socket, take the guest's
+    /// memory and state from the one connection that comes, check them as
+    /// --restore does, and run the guest, telling the source. Its memory
+    /// may be at most --memory (or the --config's). Name, console, API
+    /// socket, seccomp, jail, disks and interfaces as with --restore.
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = [
+        "restore", "kernel", "initrd", "cmdline", "vcpus", "no_rng", "balloon",
+        "balloon_target", "jail",
+    ])]
+    incoming: Option<PathBuf>,
     /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
-    #[arg(long, value_name = "PATH", required_unless_present_any = ["config", "restore"])]
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["config", "restore", "incoming"])]
     kernel: Option<PathBuf>,
     /// Initial ramdisk (cpio archive, compressed or not).
     #[arg(long, value_name = "PATH")]
@@ -256,11 +268,14 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         return domus_api::parse_body(&text).map_err(|e| format!("{}: {e}", path.display()));
     }
     Ok(VmSpec {
-        kernel: match (args.kernel, &args.restore) {
+        kernel: match (
+            args.kernel,
+            args.restore.is_some() || args.incoming.is_some(),
+        ) {
             (Some(k), _) => k,
             // A restore runs no kernel: the snapshot's spec names it.
-            (None, Some(_)) => PathBuf::new(),
-            (None, None) => return Err("--kernel is needed (or --config)".into()),
+            (None, true) => PathBuf::new(),
+            (None, false) => return Err("--kernel is needed (or --config)".into()),
         },
         initrd: args.initrd,
         cmdline: args.cmdline,
@@ -286,11 +301,13 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
 fn run(args: RunArgs) -> ExitCode {
     let jail = args.jail;
     let restore_from = args.restore.clone();
+    let incoming_on = args.incoming.clone();
     // A restore keeps the saved name unless one is given.
     let named = args.name.is_some() || args.config.is_some();
-    let spec = run_spec(args).and_then(|s| match &restore_from {
-        Some(file) => restored(file, &s, named).map(|(s, r)| (s, Some(r))),
-        None => Ok((s, None)),
+    let spec = run_spec(args).and_then(|s| match (&restore_from, &incoming_on) {
+        (Some(file), _) => restored(file, &s, named).map(|(s, r)| (s, Some(r))),
+        (None, Some(socket)) => incoming(socket, &s, named).map(|(s, r)| (s, Some(r))),
+        (None, None) => Ok((s, None)),
     });
     let spec_restore = match (spec, jail) {
         (Ok((mut s, r)), Some(ids)) => match jailed::child_jail(&s, ids) {
@@ -375,7 +392,48 @@ fn restored(
         domus_vmm::Restore {
             machine,
             memory: summary.memory,
-            memory_file,
+            memory_file: Some(memory_file),
+            incoming: None,
+            paused: summary.paused,
+        },
+    ))
+}
+
+/// The spec a migrated domain runs with and what it restores, from the
+/// stream that comes on `socket` and what this invocation gave (`given`).
+fn incoming(
+    socket: &std::path::Path,
+    given: &VmSpec,
+    named: bool,
+) -> Result<(VmSpec, domus_vmm::Restore), String> {
+    use domus_vmm::migration::receive;
+    use domus_vmm::snapshot;
+    let l = domus_http::bind(socket).map_err(|e| {
+        format!(
+            "the migration socket {}: {}",
+            socket.display(),
+            io_reason(&e)
+        )
+    })?;
+    eprintln!("domus: waiting for a migration on {}", socket.display());
+    let got = receive::receive(&l, socket, given.memory_mib << 20);
+    let _ = std::fs::remove_file(socket);
+    let got = got.map_err(|e| e.to_string())?;
+    let summary = got.body.summary;
+    let mut spec = snapshot::restored_spec(&summary.spec, given)
+        .map_err(|e| format!("the migrated domain: {e}"))?;
+    if !named {
+        spec.name = summary.spec.name.clone();
+    }
+    let mut machine = got.body.machine;
+    machine.devices = snapshot::renamed_devices(&machine, &spec);
+    Ok((
+        spec,
+        domus_vmm::Restore {
+            machine,
+            memory: summary.memory,
+            memory_file: None,
+            incoming: Some((got.mem, got.stream)),
             paused: summary.paused,
         },
     ))

@@ -5,6 +5,9 @@
 //! `server`) one deadline per request and a cap on connections, so slow
 //! or idle clients cannot hold the server's threads.
 //!
+//! A handler may take a connection over after its answer (`upgrade`: a
+//! live migration's stream rides on the API's connections).
+//!
 //! Every byte a client sends is untrusted: the parser never panics and
 //! answers anything it does not accept with a 4xx.
 
@@ -16,10 +19,12 @@ use std::time::Duration;
 
 mod server;
 pub mod tls;
+pub mod upgrade;
 pub use server::{
     accept_loop, serve_connection, spawn_server, spawn_server_with, Conn, Gate, Handler, Listen,
     Policy,
 };
+pub use upgrade::{Duplex, Upgrade};
 
 /// The longest request line plus headers accepted.
 pub const MAX_HEAD: usize = 16 << 10;
@@ -68,6 +73,9 @@ pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    /// Takes the connection over once this answer is written
+    /// ([`Response::upgraded`]).
+    pub upgrade: Option<Upgrade>,
 }
 
 impl Response {
@@ -76,6 +84,7 @@ impl Response {
             status,
             content_type: "application/json",
             body: body.into(),
+            upgrade: None,
         }
     }
 
@@ -84,6 +93,7 @@ impl Response {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
+            upgrade: None,
         }
     }
 
@@ -381,14 +391,8 @@ fn connect_tcp(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
     Ok(s)
 }
 
-/// Writes one request on `s` and reads the answer.
-fn exchange<S: Read + Write>(
-    mut s: S,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    token: Option<&str>,
-) -> Result<(u16, String), HttpError> {
+/// A request's bytes: head and body.
+pub fn request_bytes(method: &str, path: &str, body: Option<&str>, token: Option<&str>) -> Vec<u8> {
     let body = body.unwrap_or("");
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     if let Some(t) = token {
@@ -402,10 +406,22 @@ fn exchange<S: Read + Write>(
     }
     req.push_str("\r\n");
     req.push_str(body);
+    req.into_bytes()
+}
+
+/// Writes one request on `s` and reads the answer.
+fn exchange<S: Read + Write>(
+    mut s: S,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> Result<(u16, String), HttpError> {
+    let req = request_bytes(method, path, body, token);
     // A server that refuses the request from its head (413: the body is
     // too long) answers and closes before reading it all: the write then
     // fails, and the answer, if it came, says why.
-    let written = s.write_all(req.as_bytes());
+    let written = s.write_all(&req);
     let mut r = BufReader::new(s);
     if let Err(e) = written {
         return read_answer(&mut r).map_err(|_| HttpError::Io(e));
@@ -413,8 +429,25 @@ fn exchange<S: Read + Write>(
     read_answer(&mut r)
 }
 
+/// [`request_within`], the connection handed over when the answer's
+/// status is `want` (see [`upgrade`]).
+pub fn unix_upgrade(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    want: u16,
+    timeout: Duration,
+) -> Result<crate::upgrade::Answer, HttpError> {
+    let s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let timer = s.try_clone()?;
+    upgrade::upgrade_request(s, timer, &request_bytes(method, path, body, None), want)
+}
+
 /// Reads an answer's status and body.
-fn read_answer<R: Read>(r: &mut BufReader<R>) -> Result<(u16, String), HttpError> {
+pub(crate) fn read_answer<R: Read>(r: &mut BufReader<R>) -> Result<(u16, String), HttpError> {
     let mut budget = MAX_HEAD;
     let status_line = read_line(r, &mut budget)?;
     let status: u16 = status_line

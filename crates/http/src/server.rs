@@ -90,7 +90,7 @@ impl<R: Read, C: Conn> Read for Deadline<R, C> {
 /// Serves one connection: reads a request within the deadline, answers it,
 /// closes. `stream` carries the bytes; `timer` is a handle on the same
 /// socket (socket timeouts are the socket's, whichever handle sets them).
-pub fn serve_connection<S: Read + Write, C: Conn>(
+pub fn serve_connection<S: Read + Write + Send + 'static, C: Conn>(
     stream: S,
     timer: C,
     policy: &Policy,
@@ -127,7 +127,22 @@ pub fn serve_connection<S: Read + Write, C: Conn>(
     // Writing may read too (TLS): never for long once the request is in
     // or its time is up.
     let _ = r.get_ref().timer.read_timeout(Duration::from_millis(100));
-    let _ = write_response(&mut r.get_mut().inner, &resp);
+    if write_response(&mut r.get_mut().inner, &resp).is_err() {
+        return;
+    }
+    if let Some(takeover) = resp.upgrade.as_ref().and_then(|u| u.take()) {
+        // The handler's from here: what the client sent past its request,
+        // then the socket, with no deadline.
+        let ahead = r.buffer().to_vec();
+        let d = r.into_inner();
+        let _ = d.timer.write_timeout(Duration::from_secs(30));
+        takeover(Box::new(crate::upgrade::Handed {
+            ahead,
+            at: 0,
+            inner: d.inner,
+            timer: d.timer,
+        }));
+    }
 }
 
 /// Serves a connection on a plain socket (its duplicate keeps the time).

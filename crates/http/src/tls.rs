@@ -337,6 +337,29 @@ pub fn tls_request(
     )
 }
 
+/// [`tls_request`], the connection handed over when the answer's status
+/// is `want` (see [`crate::upgrade`]).
+#[allow(clippy::too_many_arguments)]
+pub fn tls_upgrade(
+    addr: &str,
+    verify: &Verify,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    want: u16,
+    timeout: Duration,
+) -> Result<crate::upgrade::Answer, HttpError> {
+    let config = Arc::new(client_config(verify)?);
+    let name = ServerName::try_from(host_of(addr).to_string())
+        .map_err(|e| tls_error(format!("{addr}: {e}")))?;
+    let conn = ClientConnection::new(config, name).map_err(tls_error)?;
+    let s = connect_tcp(addr, timeout)?;
+    let timer = s.try_clone()?;
+    let req = crate::request_bytes(method, path, body, Some(token));
+    crate::upgrade::upgrade_request(rustls::StreamOwned::new(conn, s), timer, &req, want)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,8 +15,8 @@ use domus_devices::bus::lock;
 
 use domus_api::request_body;
 use domus_api::vmm::{
-    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, PlugRequest, Pressed,
-    RateLimit, RateLimitUpdate, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
+    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, MigrateRequest, PlugRequest,
+    Pressed, RateLimit, RateLimitUpdate, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
 };
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
@@ -43,6 +43,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domain/power-button"),
     ("PUT", "/v1/domain/vcpu-pin"),
     ("PUT", "/v1/domain/snapshot"),
+    ("PUT", "/v1/domain/migrate"),
+    ("GET", "/v1/domain/migration"),
+    ("DELETE", "/v1/domain/migration"),
     ("GET", "/v1/devices"),
     ("POST", "/v1/devices"),
     ("GET", "/v1/devices/{id}"),
@@ -67,6 +70,8 @@ pub struct Domain {
     pub hotplug: Option<Arc<dyn Hotplug>>,
     /// Saves the domain (None only in tests).
     pub snapshots: Option<Arc<crate::snapshot::Snapshotter>>,
+    /// Migrates the domain live (None only in tests).
+    pub migration: Option<Arc<crate::migration::send::Migrator>>,
     /// Descriptors the supervisor passes a jailed VMM.
     pub inbox: Option<Arc<domus_jail::fdpass::Inbox>>,
 }
@@ -209,6 +214,34 @@ impl Domain {
             .map_err(|(status, m)| Response::error(status, &m))
     }
 
+    /// PUT /v1/domain/migrate: answers, then sends the domain live on the
+    /// same connection; `GET /v1/domain/migration` follows it.
+    fn migrate(&self, req: &Request) -> Result<Response, Response> {
+        use crate::migration::send::Options;
+        let r = request_body::<MigrateRequest>(req)?;
+        let m = self.migrator()?.clone();
+        if r.downtime_ms == 0 || r.max_rounds == 0 {
+            return Err(Response::error(
+                400,
+                "downtime_ms and max_rounds must be at least 1",
+            ));
+        }
+        let opts = Options {
+            downtime: Duration::from_millis(r.downtime_ms),
+            max_rounds: r.max_rounds,
+        };
+        m.begin().map_err(|e| Response::error(409, &e))?;
+        let status = serde_json::to_string(&*lock(&m.status))
+            .map_err(|e| Response::error(500, &e.to_string()))?;
+        Ok(Response::upgraded(200, status, move |s| m.run(s, opts)))
+    }
+
+    fn migrator(&self) -> Result<&Arc<crate::migration::send::Migrator>, Response> {
+        self.migration
+            .as_ref()
+            .ok_or_else(|| Response::error(409, "this domain cannot be migrated"))
+    }
+
     /// DELETE /v1/devices/{id}: asks the guest to let go of a disk or an
     /// interface; the device goes away when it has.
     fn unplug(&self, id: &str) -> Result<Response, Response> {
@@ -348,6 +381,15 @@ impl Domain {
             },
             "/v1/domain/vcpu-pin" => self.pin_vcpus(req),
             "/v1/domain/snapshot" => self.snapshot(req),
+            "/v1/domain/migrate" => self.migrate(req),
+            "/v1/domain/migration" => self.migrator().map(|m| {
+                if req.method == "DELETE" {
+                    // Seen between two frames; once the guest is stopped
+                    // for the last copy it is too late.
+                    m.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                ok(&*lock(&m.status))
+            }),
             "/v1/devices" if req.method == "POST" => self.plug(req),
             "/v1/devices" => Ok(ok(&lock(&self.devices)
                 .iter()
@@ -414,6 +456,7 @@ mod tests {
             ),
             hotplug: None,
             snapshots: None,
+            migration: None,
             inbox: None,
         }
     }

@@ -69,6 +69,36 @@ fn the_openapi_schemas_match_the_api_types() {
         &[sample(&saved)],
         true,
     );
+    let going = MigrationStatus {
+        state: MigrationState::Copying,
+        rounds: 2,
+        bytes_sent: 3,
+        dirty_pages: 4,
+        mib_per_s: 5.5,
+        expected_downtime_ms: 6.5,
+        downtime_ms: None,
+        error: None,
+    };
+    let done = MigrationStatus {
+        state: MigrationState::Completed,
+        downtime_ms: Some(7.5),
+        error: Some("x".into()),
+        ..going.clone()
+    };
+    check_schema(
+        &doc,
+        "MigrationStatus",
+        &schemas["MigrationStatus"],
+        &[sample(&going), sample(&done)],
+        true,
+    );
+    check_schema(
+        &doc,
+        "MigrateRequest",
+        &schemas["MigrateRequest"],
+        &[sample(&MigrateRequest::default())],
+        false,
+    );
     let balloon = |age| BalloonInfo {
         target_mib: 1,
         balloon_target_mib: 2,

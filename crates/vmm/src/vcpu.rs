@@ -22,6 +22,8 @@ pub enum Stop {
     Fault(String),
     /// The user pressed `Ctrl-A x` on the console.
     Quit,
+    /// The guest was migrated live and runs on the destination now.
+    Migrated,
 }
 
 fn kvm_seg(s: &Segment) -> kvm_segment {

@@ -49,6 +49,8 @@ pub enum ExitReason {
     Crash(String),
     /// The user ended the domain from the console (`Ctrl-A x`).
     Quit,
+    /// The guest was migrated live: it runs on the destination now.
+    Migrated,
 }
 
 pub const EXIT_POWEROFF: i32 = 0;
@@ -56,6 +58,7 @@ pub const EXIT_VMM_ERROR: i32 = 1;
 pub const EXIT_BAD_INPUT: i32 = 2;
 pub const EXIT_REBOOT: i32 = 3;
 pub const EXIT_CRASH: i32 = 4;
+pub const EXIT_MIGRATED: i32 = 5;
 pub const EXIT_QUIT: i32 = 130;
 
 impl ExitReason {
@@ -66,6 +69,7 @@ impl ExitReason {
             ExitReason::Reset => "the guest reset (a reboot, or a triple fault)".into(),
             ExitReason::Crash(why) => format!("the guest crashed: {why}"),
             ExitReason::Quit => "ended from the console".into(),
+            ExitReason::Migrated => "migrated: the guest runs on the destination".into(),
         }
     }
 
@@ -75,6 +79,7 @@ impl ExitReason {
             ExitReason::Reset => EXIT_REBOOT,
             ExitReason::Crash(_) => EXIT_CRASH,
             ExitReason::Quit => EXIT_QUIT,
+            ExitReason::Migrated => EXIT_MIGRATED,
         }
     }
 }
@@ -347,19 +352,31 @@ fn bind(
 
 /// What a restore starts from: the snapshot's machine state (its devices
 /// already renamed as the restore asks, see
-/// [`snapshot::renamed_devices`]), its memory image and the open memory
-/// file.
+/// [`snapshot::renamed_devices`]), its memory image, and the memory: the
+/// open memory file, or what a live migration brought.
 pub struct Restore {
     pub machine: snapshot::Machine,
     pub memory: MemoryImage,
-    pub memory_file: File,
+    /// The snapshot's memory file (None for a migration).
+    pub memory_file: Option<File>,
+    /// A live migration's memory, received already, and the stream on
+    /// which the source waits to hear that the guest runs here.
+    pub incoming: Option<(Memory, std::os::unix::net::UnixStream)>,
     /// The domain was paused when saved: it restores paused.
     pub paused: bool,
 }
 
+impl Restore {
+    /// The guest restored from a snapshot is a new copy of it (a new VM
+    /// generation); one migrated live is the same machine.
+    fn is_copy(&self) -> bool {
+        self.incoming.is_none()
+    }
+}
+
 /// Boots the domain, or restores it from a snapshot, and blocks until it
 /// ends.
-pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
+pub fn run(cfg: &VmConfig, mut restore: Option<Restore>) -> Result<ExitReason> {
     // Input checks that need no KVM come first, so bad input is reported as
     // such even on a host without /dev/kvm.
     let host_mem = host_memory().unwrap_or(u64::MAX);
@@ -416,13 +433,29 @@ pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
     .map_err(kvm_err("KVM_CREATE_PIT2"))?;
 
     let ranges = layout::ram_ranges(cfg.memory);
-    let mem = Arc::new(match &restore {
-        Some(r) => {
-            let m = &r.memory;
-            snapshot::memory::check(&m.regions, &ranges, &r.memory_file, m.bytes)?;
-            snapshot::memory::map(&m.regions, &r.memory_file)?
+    let incoming = restore.as_mut().and_then(|r| r.incoming.take());
+    let copy = restore.as_ref().is_some_and(|r| r.is_copy());
+    let (received, answer) = incoming.unzip();
+    let mem = Arc::new(match (&restore, received) {
+        (Some(_), Some(m)) => {
+            let got: Vec<(u64, u64)> = m.iter().map(|r| (r.start_addr().0, r.len())).collect();
+            if got != ranges {
+                return Err(SnapshotError::Machine(format!(
+                    "memory regions {got:x?} came, a domain of this size has {ranges:x?}"
+                ))
+                .into());
+            }
+            m
         }
-        None => crate::memory::allocate(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?,
+        (Some(r), None) => {
+            let (m, file) = (&r.memory, r.memory_file.as_ref());
+            let file = file.ok_or_else(|| SnapshotError::Machine("no memory file".into()))?;
+            snapshot::memory::check(&m.regions, &ranges, file, m.bytes)?;
+            snapshot::memory::map(&m.regions, file)?
+        }
+        (None, _) => {
+            crate::memory::allocate(&ranges).map_err(|e| Error::Memory(cfg.memory >> 20, e))?
+        }
     });
     register_memory(&vm, &mem)?;
     if cfg.mergeable {
@@ -442,7 +475,9 @@ pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
     if let Some(r) = &restore {
         snapshot::kvm::restore_vm(&vm, &r.machine.vm)?;
     }
-    new_generation(&mem)?;
+    if restore.is_none() || copy {
+        new_generation(&mem)?;
+    }
 
     // Platform devices.
     let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Io("eventfd", e))?;
@@ -509,6 +544,8 @@ pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
     }
     if cfg.prefault {
         match &restore {
+            // A migration's memory is all here already.
+            Some(_) if answer.is_some() => {}
             // The whole image is read now, and checked.
             Some(r) => {
                 crate::memory::prefault(&mem, None::<&File>).map_err(Error::Prefault)?;
@@ -588,7 +625,13 @@ pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
             })
             .map_err(|e| Error::Io("spawning a vCPU thread", e))?;
     }
-    if restore.is_some() {
+    if let Some(mut s) = answer {
+        // The source stops for good once it hears this; if it cannot, it
+        // goes on there, and this copy must not.
+        domus_api::migration::write_running(&mut s)
+            .map_err(|e| Error::Io("telling the migration's source that the guest runs here", e))?;
+    }
+    if copy {
         // The guest reads its new generation ID and reseeds its RNG.
         events
             .raise(domus_boot::acpi::GED_VMGENID)
@@ -603,6 +646,12 @@ pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
             started: std::time::Instant::now(),
             pause: pause.clone(),
             devices: api_devices,
+            migration: Some(Arc::new(crate::migration::send::Migrator {
+                snap: snapshots.clone(),
+                status: Arc::default(),
+                cancel: Arc::default(),
+                stop: Mutex::new(stop_tx.clone()),
+            })),
             snapshots: Some(snapshots),
             inbox: inbox.clone(),
             balloon: devices.balloon,
@@ -666,5 +715,6 @@ pub fn run(cfg: &VmConfig, restore: Option<Restore>) -> Result<ExitReason> {
         Stop::Guest(GuestEvent::Panic) => ExitReason::Crash("the guest kernel panicked".into()),
         Stop::Fault(why) => ExitReason::Crash(why),
         Stop::Quit => ExitReason::Quit,
+        Stop::Migrated => ExitReason::Migrated,
     })
 }

@@ -1,7 +1,9 @@
-//! Live migration (in progress, see docs/migration.md): the stream a
-//! source VMM sends a destination VMM ([`stream`]) and the dirty-page
-//! tracking its rounds rely on ([`dirty`]). The sender and the receiver
-//! come next.
+//! Live migration (docs/migration.md): the dirty-page tracking its rounds
+//! rely on ([`dirty`]), the source's side ([`send`]: pre-copy rounds, then
+//! the guest stopped for the rest) and the destination's ([`receive`]:
+//! `domus run --incoming`). The stream between them is
+//! `domus_api::migration`.
 
 pub mod dirty;
-pub mod stream;
+pub mod receive;
+pub mod send;

@@ -135,6 +135,18 @@ pub struct Snapshotter {
     pub busy: Mutex<()>,
 }
 
+/// A domain stopped for its state to be read: its vCPUs paused, its
+/// devices quiesced (each finished the requests it had taken).
+pub(crate) struct Stopped {
+    /// Whether the user had paused it before.
+    pub was_paused: bool,
+    /// Its devices, by slot.
+    pub devices: Vec<registry::Device>,
+    /// What each virtio function kept when it stopped, in `devices` order.
+    pub kept: Vec<domus_virtio::DeviceState>,
+    pub at: Instant,
+}
+
 impl Snapshotter {
     /// Saves the domain into `to`. Afterwards it stays paused, unless
     /// `resume` (and the user had not paused it). If anything fails, the
@@ -146,8 +158,23 @@ impl Snapshotter {
         resume: bool,
     ) -> Result<Saved, SnapshotError> {
         let _one = self.busy.try_lock().map_err(|_| SnapshotError::Busy)?;
+        let stopped = self.stop()?;
+        let (devices, was_paused, t0) = (stopped.devices.clone(), stopped.was_paused, stopped.at);
+        let r = self.write(stopped, to, domain);
+        if r.is_err() || resume {
+            self.go_on(&devices, was_paused);
+        }
+        let paused = t0.elapsed();
+        r.map(|mut s| {
+            s.paused = paused;
+            s
+        })
+    }
+
+    /// Pauses the vCPUs and stops every device, for its state to be read.
+    pub(crate) fn stop(&self) -> Result<Stopped, SnapshotError> {
         let was_paused = self.pause.is_paused();
-        let t0 = Instant::now();
+        let at = Instant::now();
         self.pause.pause(self.vcpus as usize, VCPU_TIMEOUT)?;
         let devices: Vec<registry::Device> = {
             let mut d = lock(&self.devices).clone();
@@ -160,33 +187,36 @@ impl Snapshotter {
                 kept.push(lock(&f.transport).quiesce());
             }
         }
-        let r = self.write(&devices, kept, to, domain, was_paused);
-        if r.is_err() || resume {
-            // Restarted from vCPU 0's thread, as a driver starts them: the
-            // threads a device starts inherit their starter's seccomp
-            // filter, and the API's allows no disk I/O.
-            let list = devices.clone();
-            let restart = move || {
-                for d in &list {
-                    if let Some(f) = &d.function {
-                        if let Err(e) = lock(&f.transport).resume() {
-                            eprintln!("domus: after the snapshot, {e}");
-                        }
+        Ok(Stopped {
+            was_paused,
+            devices,
+            kept,
+            at,
+        })
+    }
+
+    /// Starts again what [`Snapshotter::stop`] stopped: the devices, and
+    /// the vCPUs unless the user had paused them.
+    pub(crate) fn go_on(&self, devices: &[registry::Device], was_paused: bool) {
+        // Restarted from vCPU 0's thread, as a driver starts them: the
+        // threads a device starts inherit their starter's seccomp
+        // filter, and the API's allows no disk I/O.
+        let list = devices.to_vec();
+        let restart = move || {
+            for d in &list {
+                if let Some(f) = &d.function {
+                    if let Err(e) = lock(&f.transport).resume() {
+                        eprintln!("domus: after the snapshot, {e}");
                     }
                 }
-            };
-            if let Err(e) = self.on_vcpu0(VCPU_TIMEOUT, restart) {
-                eprintln!("domus: after the snapshot, devices not restarted: {e}");
             }
-            if !was_paused {
-                self.pause.resume();
-            }
+        };
+        if let Err(e) = self.on_vcpu0(VCPU_TIMEOUT, restart) {
+            eprintln!("domus: after the snapshot, devices not restarted: {e}");
         }
-        let paused = t0.elapsed();
-        r.map(|mut s| {
-            s.paused = paused;
-            s
-        })
+        if !was_paused {
+            self.pause.resume();
+        }
     }
 
     /// Runs `f` on vCPU 0's thread (the domain is paused) and returns
@@ -216,14 +246,9 @@ impl Snapshotter {
         r.ok_or_else(|| SnapshotError::Vcpu("vCPU 0 did not answer".into()))
     }
 
-    fn write(
-        &self,
-        devices: &[registry::Device],
-        kept: Vec<domus_virtio::DeviceState>,
-        to: Target,
-        domain: Option<DomainConfig>,
-        was_paused: bool,
-    ) -> Result<Saved, SnapshotError> {
+    /// The machine state of a stopped domain, and its spec with the
+    /// devices it has now.
+    pub(crate) fn machine(&self, stopped: Stopped) -> Result<(Machine, VmSpec), SnapshotError> {
         let states: Arc<Mutex<Vec<Result<VcpuState, String>>>> = Arc::default();
         let (out, msrs) = (states.clone(), self.msrs.clone());
         self.pause.on_vcpus(
@@ -260,10 +285,11 @@ impl Snapshotter {
             jail: None,
             ..self.spec.clone()
         };
-        let functions = devices
+        let functions = stopped
+            .devices
             .iter()
             .filter_map(|d| Some((d, d.function.as_ref()?)));
-        for ((d, f), device) in functions.zip(kept) {
+        for ((d, f), device) in functions.zip(stopped.kept) {
             match &f.spec {
                 DeviceSpec::Block { disk } => spec.disks.push(disk.clone()),
                 DeviceSpec::Net { net } => spec.nets.push(net.clone()),
@@ -278,8 +304,25 @@ impl Snapshotter {
                 transport: lock(&f.transport).state(device),
             });
         }
-        let (mem, mfile) = (self.mem.clone(), to.memory);
-        let m = self.on_vcpu0(WRITE_TIMEOUT, move || memory::save(&mem, &mfile))??;
+        let machine = Machine {
+            cpuid: self.cpuid.clone(),
+            vcpus,
+            vm,
+            serial,
+            devices: pci,
+        };
+        Ok((machine, spec))
+    }
+
+    /// The state file's bytes for `machine` and `spec`, whose memory is
+    /// `memory`.
+    pub(crate) fn state_file(
+        machine: Machine,
+        spec: VmSpec,
+        domain: Option<DomainConfig>,
+        paused: bool,
+        memory: MemoryImage,
+    ) -> Result<Vec<u8>, SnapshotError> {
         let body = Body {
             summary: Summary {
                 domus: env!("CARGO_PKG_VERSION").into(),
@@ -288,24 +331,32 @@ impl Snapshotter {
                     .map_or(0, |d| d.as_secs()),
                 spec,
                 domain,
-                paused: was_paused,
-                memory: MemoryImage {
-                    file: to.memory_name,
-                    bytes: m.bytes,
-                    crc32: m.crc32,
-                    pages_stored: m.pages_stored,
-                    regions: m.regions,
-                },
+                paused,
+                memory,
             },
-            machine: Machine {
-                cpuid: self.cpuid.clone(),
-                vcpus,
-                vm,
-                serial,
-                devices: pci,
-            },
+            machine,
         };
-        let bytes = domus_api::snapshot::encode(&body).map_err(SnapshotError::Machine)?;
+        domus_api::snapshot::encode(&body).map_err(SnapshotError::Machine)
+    }
+
+    fn write(
+        &self,
+        stopped: Stopped,
+        to: Target,
+        domain: Option<DomainConfig>,
+    ) -> Result<Saved, SnapshotError> {
+        let was_paused = stopped.was_paused;
+        let (machine, spec) = self.machine(stopped)?;
+        let (mem, mfile) = (self.mem.clone(), to.memory);
+        let m = self.on_vcpu0(WRITE_TIMEOUT, move || memory::save(&mem, &mfile))??;
+        let image = MemoryImage {
+            file: to.memory_name,
+            bytes: m.bytes,
+            crc32: m.crc32,
+            pages_stored: m.pages_stored,
+            regions: m.regions,
+        };
+        let bytes = Self::state_file(machine, spec, domain, was_paused, image)?;
         let (mut f, state) = (to.state, bytes.clone());
         self.on_vcpu0(WRITE_TIMEOUT, move || {
             f.set_len(0)

@@ -56,8 +56,9 @@ pub struct Hello {
     pub regions: Vec<(u64, u64)>,
 }
 
-/// One pre-copy round, as the source measured it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One pre-copy round, as the source measured it (the daemons relay it
+/// as the migration's progress).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Round {
     pub round: u32,
@@ -65,6 +66,12 @@ pub struct Round {
     pub pages: u64,
     pub bytes: u64,
     pub seconds: f64,
+    /// Pages the guest dirtied while this round was sent: the next
+    /// round's work.
+    pub dirty_pages: u64,
+    /// How long the guest would stop if the copy stopped now: the dirty
+    /// pages at this round's bandwidth.
+    pub expected_downtime_ms: f64,
 }
 
 /// A frame read from the stream.
@@ -86,13 +93,13 @@ pub enum Frame {
     Running,
 }
 
-const HELLO: u32 = 1;
-const PAGES: u32 = 2;
-const ZEROES: u32 = 3;
-const ROUND: u32 = 4;
-const STATE: u32 = 5;
-const ABORT: u32 = 6;
-const RUNNING: u32 = 7;
+pub const HELLO: u32 = 1;
+pub const PAGES: u32 = 2;
+pub const ZEROES: u32 = 3;
+pub const ROUND: u32 = 4;
+pub const STATE: u32 = 5;
+pub const ABORT: u32 = 6;
+pub const RUNNING: u32 = 7;
 
 fn header(kind: u32, len: u64) -> [u8; 16] {
     let mut h = [0u8; 16];
@@ -156,22 +163,45 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
-/// Reads one frame, refusing any that is malformed or too large. An
-/// `Abort` comes back as [`StreamError::Aborted`].
-pub fn read_frame(r: &mut impl Read) -> Result<Frame, StreamError> {
+/// Reads one frame's kind and payload, refusing a header that is
+/// malformed or announces too large a payload (before anything is
+/// allocated). The daemons relay frames read this way without looking
+/// inside (but for progress).
+pub fn read_raw(r: &mut impl Read) -> Result<(u32, Vec<u8>), StreamError> {
     let mut h = [0u8; 16];
     r.read_exact(&mut h)?;
     let kind = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
     let len = u64_at(&h, 8);
-    let bad = |m: String| Err(StreamError::Malformed(m));
     if h[4..8] != [0; 4] {
-        return bad("a frame header's reserved bytes are not zero".into());
+        return Err(StreamError::Malformed(
+            "a frame header's reserved bytes are not zero".into(),
+        ));
     }
     if len > MAX_PAYLOAD + 8 {
-        return bad(format!("a frame of {len} bytes (at most {MAX_PAYLOAD})"));
+        return Err(StreamError::Malformed(format!(
+            "a frame of {len} bytes (at most {MAX_PAYLOAD})"
+        )));
     }
     let mut p = vec![0u8; len as usize];
     r.read_exact(&mut p)?;
+    Ok((kind, p))
+}
+
+/// Writes a frame read by [`read_raw`] on.
+pub fn write_raw(w: &mut impl Write, kind: u32, payload: &[u8]) -> io::Result<()> {
+    write_frame(w, kind, &[payload])
+}
+
+/// Reads one frame, refusing any that is malformed or too large. An
+/// `Abort` comes back as [`StreamError::Aborted`].
+pub fn read_frame(r: &mut impl Read) -> Result<Frame, StreamError> {
+    let (kind, p) = read_raw(r)?;
+    parse(kind, p)
+}
+
+/// A frame from its kind and payload (see [`read_frame`]).
+pub fn parse(kind: u32, mut p: Vec<u8>) -> Result<Frame, StreamError> {
+    let bad = |m: String| Err(StreamError::Malformed(m));
     let parse = |what: &str| format!("a {what} frame that is not its JSON");
     Ok(match kind {
         HELLO => {
@@ -281,6 +311,8 @@ mod tests {
             pages: 10,
             bytes: 40960,
             seconds: 0.5,
+            dirty_pages: 3,
+            expected_downtime_ms: 1.5,
         };
         assert_eq!(round_trip(|w| write_round(w, &r)), Frame::Round(r));
         assert_eq!(
