@@ -11,12 +11,12 @@ use serde::Serialize;
 
 use crate::daemon::{
     AttachRequest, CloneRequest, Cloned, ConsoleChunk, CreateRequest, Created, DetachRequest,
-    Domain, Info, LogLine, Maxmem, MaxmemRequest, MemoryRequest, NameOrNumber, PinRequest,
-    RenameRequest, RestoreRequest, SaveRequest, Saved, Sched, SchedRequest, Vcpu,
+    Domain, Info, LogLine, Maxmem, MaxmemRequest, MemoryRequest, MigrateRequest, NameOrNumber,
+    PinRequest, RenameRequest, RestoreRequest, SaveRequest, Saved, Sched, SchedRequest, Vcpu,
 };
 use crate::vmm::{
-    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, PlugRequest, Pressed, RateLimitUpdate,
-    SnapshotInfo, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
+    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, MigrationStatus, PlugRequest, Pressed,
+    RateLimitUpdate, SnapshotInfo, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
 };
 use crate::ErrorBody;
 
@@ -287,6 +287,24 @@ impl DaemonClient {
     /// clone: `req.count` domains started from the snapshot `req.file`.
     pub fn clone_snapshot(&self, req: &CloneRequest) -> Result<Cloned, ClientError> {
         self.conn.call("POST", "/v1/clone", Some(req))
+    }
+
+    /// migrate: sends domain `dom` live to another daemon.
+    pub fn migrate(&self, dom: &str, req: &MigrateRequest) -> Result<MigrationStatus, ClientError> {
+        self.conn
+            .call("POST", &format!("/v1/domains/{dom}/migrate"), Some(req))
+    }
+
+    /// The last live migration of `dom` sent from this daemon.
+    pub fn migration(&self, dom: &str) -> Result<MigrationStatus, ClientError> {
+        self.conn
+            .call::<(), _>("GET", &format!("/v1/domains/{dom}/migration"), None)
+    }
+
+    /// migrate --cancel.
+    pub fn cancel_migration(&self, dom: &str) -> Result<MigrationStatus, ClientError> {
+        self.conn
+            .call::<(), _>("DELETE", &format!("/v1/domains/{dom}/migration"), None)
     }
 
     /// restore: the domain saved in `req.file`, started again.

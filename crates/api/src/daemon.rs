@@ -253,6 +253,50 @@ pub struct RestoreRequest {
     pub name: Option<String>,
 }
 
+/// `POST /v1/domains/{dom}/migrate` (`domus migrate`): sends the domain
+/// live to the daemon at `to` (its TCP API: host:port), whose certificate
+/// is checked by `fingerprint` or `ca_file` and which takes `token`. The
+/// answer comes once both ends have agreed; `GET
+/// /v1/domains/{dom}/migration` follows it, `DELETE` cancels it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    pub to: String,
+    /// The destination daemon's bearer token.
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// The longest the guest may stop (default 300 ms).
+    #[serde(default = "default_downtime_ms")]
+    pub downtime_ms: u64,
+    /// Rounds after which a migration that does not converge gives up
+    /// (default 30).
+    #[serde(default = "default_max_rounds")]
+    pub max_rounds: u32,
+}
+
+fn default_downtime_ms() -> u64 {
+    300
+}
+
+fn default_max_rounds() -> u32 {
+    30
+}
+
+/// `POST /v1/migrations`, from the source daemon to the destination's:
+/// take this domain, whose migration stream follows on the connection
+/// once answered (200).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IncomingRequest {
+    pub domain: crate::domain::DomainConfig,
+    /// Paused through the source daemon (it stays paused).
+    #[serde(default)]
+    pub paused: bool,
+}
+
 /// `POST /v1/clone` (`domus clone`): starts `count` domains from the
 /// snapshot in `file`, named `PREFIX-1` to `PREFIX-count`, each with an
 /// identity of its own (see [`Cloned`]).

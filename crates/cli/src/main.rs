@@ -76,6 +76,8 @@ enum Command {
     Restore(xl::RestoreArgs),
     /// Start N domains from one snapshot, each with its own name, MACs, CID and disk copies.
     Clone(xl::CloneArgs),
+    /// Send a running domain live to another host's daemon (or --cancel).
+    Migrate(xl::MigrateArgs),
     /// Set the memory a domain keeps (its balloon takes the rest).
     #[command(name = "mem-set")]
     MemSet(xl::MemSetArgs),
@@ -558,6 +560,7 @@ fn main() -> ExitCode {
         Command::Save(a) => xl::save(a),
         Command::Restore(a) => xl::restore(a),
         Command::Clone(a) => xl::clone(a),
+        Command::Migrate(a) => xl::migrate(a),
         Command::MemSet(a) => xl::mem_set(a),
         Command::MemMax(a) => xl::mem_max(a),
         Command::BlockList(a) => xl::device_list("block", a),

@@ -2,8 +2,9 @@
 //! [`ROUTES`], and checked against `api/daemon.openapi.json` by a test.
 
 use domus_api::daemon::{
-    AttachRequest, CloneRequest, CreateRequest, DetachRequest, MaxmemRequest, MemoryRequest,
-    PinRequest, RenameRequest, RestoreRequest, SaveRequest, SchedRequest,
+    AttachRequest, CloneRequest, CreateRequest, DetachRequest, IncomingRequest, MaxmemRequest,
+    MemoryRequest, MigrateRequest, PinRequest, RenameRequest, RestoreRequest, SaveRequest,
+    SchedRequest,
 };
 use domus_api::request_body;
 use domus_http::{Request, Response};
@@ -31,6 +32,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/save"),
     ("POST", "/v1/restore"),
     ("POST", "/v1/clone"),
+    ("POST", "/v1/domains/{dom}/migrate"),
+    ("GET", "/v1/domains/{dom}/migration"),
+    ("DELETE", "/v1/domains/{dom}/migration"),
+    ("POST", "/v1/migrations"),
     ("GET", "/v1/domains/{dom}/devices"),
     ("GET", "/v1/domains/{dom}/console"),
     ("PUT", "/v1/domains/{dom}/block-attach"),
@@ -101,7 +106,7 @@ fn console_query(req: &Request) -> Result<(Option<u64>, u64), Response> {
     Ok((file, from))
 }
 
-pub fn handle(d: &Daemon, req: &Request) -> Response {
+pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Response {
     let (i, dom) = match route(&req.method, &req.path) {
         Ok(r) => r,
         Err(resp) => return resp,
@@ -160,6 +165,15 @@ pub fn handle(d: &Daemon, req: &Request) -> Response {
                 .map(|c| answer(201, &c))
                 .map_err(|e| err(&e))
         }),
+        (_, "/v1/domains/{dom}/migrate") => request_body::<MigrateRequest>(req)
+            .and_then(|m| d.migrate(dom, &m).map(ok).map_err(|e| err(&e))),
+        ("GET", "/v1/domains/{dom}/migration") => d.migration(dom).map(ok).map_err(|e| err(&e)),
+        ("DELETE", "/v1/domains/{dom}/migration") => {
+            d.cancel_migration(dom).map(ok).map_err(|e| err(&e))
+        }
+        (_, "/v1/migrations") => {
+            request_body::<IncomingRequest>(req).and_then(|m| d.incoming(m).map_err(|e| err(&e)))
+        }
         (_, "/v1/domains/{dom}/console") => console_query(req)
             .and_then(|(file, from)| d.console(dom, file, from).map(ok).map_err(|e| err(&e))),
         (_, "/v1/domains/{dom}/devices") => d.devices(dom).map(ok).map_err(|e| err(&e)),

@@ -178,7 +178,7 @@ impl Daemon {
         paused: bool,
         path: &Path,
     ) -> (Option<i64>, Result<()>) {
-        let id = match self.create_config(c, Vec::new(), Some(path)) {
+        let id = match self.create_config(c, Vec::new(), crate::lifecycle::Start::Restore(path)) {
             Ok(created) => created.domain.id,
             Err(e) => return (None, Err(e)),
         };

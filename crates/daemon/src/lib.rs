@@ -35,6 +35,7 @@ mod fakes;
 mod host;
 mod jail;
 mod lifecycle;
+mod migrate;
 mod network;
 #[cfg(test)]
 mod openapi_check;
@@ -178,6 +179,8 @@ pub struct Daemon {
     /// When each domain was restarted (by the restart policy), for its
     /// rate limit; kept in memory only.
     restart_log: Mutex<HashMap<i64, Vec<std::time::Instant>>>,
+    /// Live migrations sent from here, by domain name.
+    migrations: migrate::Migrations,
     host: HostOps,
 }
 
@@ -405,6 +408,7 @@ impl Daemon {
             stale_cgroups: Mutex::new(Vec::new()),
             waker: watch::Waker::new()?,
             restart_log: Mutex::new(HashMap::new()),
+            migrations: Mutex::new(HashMap::new()),
             host,
         });
         d.recover()?;

@@ -164,16 +164,16 @@ impl Daemon {
         }
         let mut loaded = domus_xlcfg::load(file, text, overrides)?;
         loaded.config.make_absolute(Path::new(dir));
-        self.create_config(&loaded.config, loaded.warnings, None)
+        self.create_config(&loaded.config, loaded.warnings, Start::Boot)
     }
 
-    /// Creates and starts domain `c`: booted, or restored from the snapshot
-    /// `restore` (its state file, already checked).
+    /// Creates and starts domain `c`: booted, restored from a snapshot, or
+    /// taken from a live migration, as `how` says.
     pub(crate) fn create_config(
         &self,
         c: &domus_api::domain::DomainConfig,
         warnings: Vec<String>,
-        restore: Option<&Path>,
+        how: Start<'_>,
     ) -> Result<Created> {
         // Refused before anything is reserved or started.
         self.files.check_config(c)?;
@@ -208,12 +208,12 @@ impl Daemon {
         let id = lock(&self.db).insert(&row)?;
         drop(guard);
         let row = db::Row { id, ..row };
-        let verb = if restore.is_some() {
-            "restored"
-        } else {
-            "created"
+        let verb = match how {
+            Start::Boot => "created",
+            Start::Restore(_) => "restored",
+            Start::Incoming(_) => "migrated in",
         };
-        match self.start_from(&row, restore) {
+        match self.start_from(&row, how) {
             Ok(()) => {
                 let Some(r) = self.still_there(&row)? else {
                     return Err(Error::NoSuchDomain(format!(
@@ -280,12 +280,11 @@ impl Daemon {
     /// Starts the VMM of a domain whose row exists; waits until its API
     /// answers.
     pub(crate) fn start(&self, r: &db::Row) -> Result<()> {
-        self.start_from(r, None)
+        self.start_from(r, Start::Boot)
     }
 
-    /// [`Daemon::start`], restoring the snapshot `restore` instead of
-    /// booting when it is given.
-    pub(crate) fn start_from(&self, r: &db::Row, restore: Option<&Path>) -> Result<()> {
+    /// [`Daemon::start`], booting or as `how` says instead.
+    pub(crate) fn start_from(&self, r: &db::Row, how: Start<'_>) -> Result<()> {
         let c = &r.config;
         // Again at every (re)start: a file may have been replaced by a link
         // since the domain was created.
@@ -352,8 +351,20 @@ impl Daemon {
         // dumps, no descriptor of ours; jailed, in namespaces of its own.
         let mut args: Vec<std::ffi::OsString> =
             vec!["run".into(), "--config".into(), spec_file.into()];
-        if let Some(file) = restore {
-            args.extend(["--restore".into(), file.into()]);
+        // An incoming VMM waits for the stream first: its API answers once
+        // the guest runs, however long the copy takes (the VMM gives up
+        // on a stream that falls silent).
+        let mut start_timeout = self.start_timeout;
+        let mut incoming = None;
+        match how {
+            Start::Boot => {}
+            Start::Restore(file) => args.extend(["--restore".into(), file.into()]),
+            Start::Incoming(tx) => {
+                let sock = dir.join("incoming.sock");
+                args.extend(["--incoming".into(), sock.clone().into()]);
+                start_timeout = INCOMING_TIMEOUT;
+                incoming = Some((tx, sock));
+            }
         }
         let job = Job {
             program: self.domus.clone(),
@@ -368,6 +379,9 @@ impl Daemon {
             dies_with_parent: false,
         };
         let mut child = self.host.launcher.launch(job, &spec)?;
+        if let Some((tx, sock)) = incoming {
+            let _ = tx.send(sock);
+        }
         let pid = i64::from(child.id());
         let st = start_time(pid).unwrap_or(0);
         // The row has the pid (a destroy or a new daemon finds the VMM by
@@ -376,7 +390,7 @@ impl Daemon {
         // that may never come up.
         lock(&self.db).set_pid(r.id, pid, st)?;
         // Wait for the API to answer (or the VMM to fail).
-        let deadline = Instant::now() + self.start_timeout;
+        let deadline = Instant::now() + start_timeout;
         let info = loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(dir.join("vmm.log")).unwrap_or_default();
@@ -408,7 +422,7 @@ impl Daemon {
                     msg: format!(
                         "its API did not answer within {} s (a busy host may need a longer \
                          `domus daemon --start-timeout`)",
-                        self.start_timeout.as_secs()
+                        start_timeout.as_secs()
                     ),
                 });
             }
@@ -615,6 +629,21 @@ fn keep_mib(r: &db::Row) -> u64 {
 
 /// The most descriptors a VMM may hold (disks, taps, eventfds, sockets).
 const VMM_FILES: u64 = 4096;
+
+/// How long a VMM taking a live migration may take before its API answers
+/// (it ends on its own when the stream falls silent for a minute).
+const INCOMING_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
+/// How a domain's VMM starts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start<'a> {
+    Boot,
+    /// From this snapshot (its state file, already checked).
+    Restore(&'a Path),
+    /// From a live migration: the VMM waits on a socket in the domain's
+    /// directory, whose path is sent here once it is started.
+    Incoming(&'a std::sync::mpsc::Sender<std::path::PathBuf>),
+}
 
 #[cfg(test)]
 mod tests {

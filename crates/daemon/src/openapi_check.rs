@@ -112,6 +112,17 @@ fn the_answers_match_their_schemas() {
         destroyed: true,
     };
     check("Saved", &[sample(&saved)]);
+    let going = domus_api::vmm::MigrationStatus {
+        state: domus_api::vmm::MigrationState::Copying,
+        rounds: 2,
+        bytes_sent: 3,
+        dirty_pages: 4,
+        mib_per_s: 5.5,
+        expected_downtime_ms: 6.5,
+        downtime_ms: Some(7.5),
+        error: Some("x".into()),
+    };
+    check("MigrationStatus", &[sample(&going)]);
     let maxmem = |ram: Option<u64>| Maxmem {
         id: 1,
         name: "a".into(),
@@ -203,4 +214,13 @@ fn the_request_bodies_match_their_schemas() {
         prefix: Some("web".into()),
     };
     check("post", "/v1/clone", sample(&clone));
+    let migrate = domus_api::daemon::MigrateRequest {
+        to: "h:7000".into(),
+        token: "t".into(),
+        fingerprint: Some("SHA256:00".into()),
+        ca_file: Some("/ca.pem".into()),
+        downtime_ms: 300,
+        max_rounds: 30,
+    };
+    check("post", &format!("{d}/migrate"), sample(&migrate));
 }

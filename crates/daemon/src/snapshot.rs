@@ -162,7 +162,8 @@ impl Daemon {
             domus_xlcfg::check_name(name).map_err(Error::Invalid)?;
             c.name = name.clone();
         }
-        let created = self.create_config(&c, Vec::new(), Some(&path))?;
+        let created =
+            self.create_config(&c, Vec::new(), crate::lifecycle::Start::Restore(&path))?;
         if paused {
             if let Some(l) = lock(&self.live).get_mut(&created.domain.id) {
                 l.paused = true;

@@ -95,6 +95,8 @@ pub(crate) enum End {
     PoweredOff,
     Rebooted,
     Crashed,
+    /// Migrated live: it runs on another host now.
+    Migrated,
 }
 
 impl End {
@@ -103,6 +105,7 @@ impl End {
     pub(crate) fn of(code: Option<i32>, requested: Option<Request>) -> End {
         match (code, requested) {
             (Some(3), _) => End::Rebooted,
+            (Some(5), _) => End::Migrated,
             (Some(0) | None, Some(Request::Reboot)) => End::Rebooted,
             (Some(0), _) | (None, Some(Request::PowerOff)) => End::PoweredOff,
             _ => End::Crashed,
@@ -114,6 +117,7 @@ impl End {
             End::PoweredOff => "powered off",
             End::Rebooted => "rebooted",
             End::Crashed => "crashed",
+            End::Migrated => "migrated to another host",
         }
     }
 }
@@ -153,6 +157,8 @@ pub(crate) fn next(end: End, actions: [Action; 3], recent: usize) -> (Action, Ne
         End::PoweredOff => on_poweroff,
         End::Rebooted => on_reboot,
         End::Crashed => on_crash,
+        // Nothing of it is left to keep or restart here.
+        End::Migrated => return (Action::Destroy, Next::Remove),
     };
     let back_off = Duration::from_secs((recent as u64 + 1).min(30));
     let next = match act {
@@ -400,6 +406,13 @@ mod tests {
         assert_eq!(End::of(None, Some(Request::PowerOff)), End::PoweredOff);
         // A guest that panics on the way down has crashed all the same.
         assert_eq!(End::of(Some(4), Some(Request::PowerOff)), End::Crashed);
+        // Migrated away: removed here whatever its actions say.
+        assert_eq!(End::of(Some(5), None), End::Migrated);
+        let keep = [Action::Preserve; 3];
+        assert_eq!(
+            next(End::Migrated, keep, 0),
+            (Action::Destroy, Next::Remove)
+        );
     }
 
     #[test]

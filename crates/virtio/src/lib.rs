@@ -212,6 +212,15 @@ pub trait VirtioDevice: Send {
     fn state(&self) -> DeviceState {
         DeviceState::Stateless
     }
+    /// Lets go of what only one VMM may hold of the host (a writable
+    /// disk's lock), so that a live migration's destination can take it;
+    /// the device is stopped ([`VirtioDevice::reset`]).
+    fn release_host(&mut self) {}
+    /// Takes back what [`VirtioDevice::release_host`] let go (the
+    /// migration failed); an error if another process holds it now.
+    fn reclaim_host(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     /// Puts back what [`VirtioDevice::state`] returned.
     fn restore(&mut self, s: &DeviceState) -> Result<(), String> {
         match s {

@@ -471,6 +471,16 @@ pub struct VirtioPciState {
 }
 
 impl VirtioPci {
+    /// See [`VirtioDevice::release_host`] (after [`VirtioPci::quiesce`]).
+    pub fn release_host(&mut self) {
+        self.device.release_host();
+    }
+
+    /// See [`VirtioDevice::reclaim_host`].
+    pub fn reclaim_host(&mut self) -> Result<(), String> {
+        self.device.reclaim_host()
+    }
+
     /// Stops the device for a snapshot: its threads end once every request
     /// they took from a queue is completed, and its doorbells are
     /// released; [`VirtioPci::resume`] starts it again. Returns what the

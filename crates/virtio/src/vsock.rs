@@ -302,6 +302,29 @@ impl VirtioDevice for Vsock {
         }
     }
 
+    fn release_host(&mut self) {
+        // The CID is the host's: a destination on this same host claims
+        // it next. The device keeps its descriptor (a jailed VMM could not
+        // open another) under a stand-in CID from the top of the range.
+        let Some(v) = &self.vhost else { return };
+        let base = u64::from(u32::MAX) - 2 - u64::from(std::process::id() % 0x1000_0000);
+        for stand_in in (0..64).map(|i| base - i * 0x10_0000) {
+            if v.0.set_guest_cid(stand_in).is_ok() {
+                return;
+            }
+        }
+    }
+
+    fn reclaim_host(&mut self) -> Result<(), String> {
+        match &self.vhost {
+            Some(v) => {
+                v.0.set_guest_cid(self.cid)
+                    .map_err(|e| format!("its CID {}: {e}", self.cid))
+            }
+            None => Ok(()),
+        }
+    }
+
     fn reset(&mut self) {
         if let Some(v) = &self.vhost {
             // Stopped, and kept open with its CID: the next activation sets

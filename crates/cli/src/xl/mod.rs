@@ -6,6 +6,7 @@
 
 mod cpu;
 mod devices;
+mod migrate;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
 };
 pub use devices::{attach, detach, device_list, AttachArgs, DetachArgs, DeviceListArgs};
+pub use migrate::{migrate, MigrateArgs};
 pub use snapshot::{clone, restore, save, CloneArgs, RestoreArgs, SaveArgs};
 
 /// Where the daemon lives: `--state-dir`, `$DOMUS_STATE_DIR`, /var/lib/domus.

@@ -90,6 +90,18 @@ fn disk_id(path: &Path, id: Option<&str>) -> [u8; ID_BYTES] {
     b
 }
 
+/// Locks a disk's image: shared if read-only, else exclusive; false if
+/// another process holds a lock that conflicts.
+fn lock_image(file: &std::fs::File, read_only: bool) -> bool {
+    let op = if read_only {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) == 0 }
+}
+
 impl Block {
     /// Opens the image (read-only if asked) and locks it: shared for
     /// read-only disks, exclusive otherwise, so two domains never write
@@ -110,13 +122,7 @@ impl Block {
     /// VMM is handed the descriptor), locked as [`Block::open`] does.
     pub fn with_file(cfg: &DiskConfig, mut file: std::fs::File) -> Result<Self, OpenError> {
         let path = cfg.path.display().to_string();
-        let op = if cfg.read_only {
-            libc::LOCK_SH
-        } else {
-            libc::LOCK_EX
-        };
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+        if !lock_image(&file, cfg.read_only) {
             return Err(OpenError::Locked { path });
         }
         let size = file.seek(SeekFrom::End(0)).map_err(|e| OpenError::Open {
@@ -240,6 +246,19 @@ impl VirtioDevice for Block {
     fn reset(&mut self) {
         if let Some(t) = self.running.take() {
             t.stop();
+        }
+    }
+
+    fn release_host(&mut self) {
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        unsafe { libc::flock(self.disk.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+
+    fn reclaim_host(&mut self) -> Result<(), String> {
+        if lock_image(&self.disk.file, self.disk.read_only) {
+            Ok(())
+        } else {
+            Err("its image is locked by another process now".into())
         }
     }
 }

@@ -54,6 +54,8 @@ pub enum SendError {
     },
     #[error("the destination answered with something other than Running")]
     Unexpected,
+    #[error("{why}; and it is left paused here, since {lost}")]
+    Lost { why: String, lost: String },
 }
 
 /// What a migration is asked to do.
@@ -214,6 +216,13 @@ impl Migrator {
         let stopped = snap.stop()?;
         lock(&self.status).state = MigrationState::Stopped;
         let (devices, was_paused, t0) = (stopped.devices.clone(), stopped.was_paused, stopped.at);
+        // The destination opens the disks next (both see the same files):
+        // their locks go now, and come back if the guest goes on here.
+        for d in &devices {
+            if let Some(f) = &d.function {
+                lock(&f.transport).release_host();
+            }
+        }
         let r = (|| {
             let (machine, spec) = snap.machine(stopped)?;
             // What the last round left, and what was written since.
@@ -242,8 +251,25 @@ impl Migrator {
                 _ => Err(SendError::Unexpected),
             }
         })();
-        if r.is_err() {
+        if let Err(e) = r {
+            let mut lost = Vec::new();
+            for d in &devices {
+                if let Some(f) = &d.function {
+                    if let Err(e) = lock(&f.transport).reclaim_host() {
+                        lost.push(format!("{}: {e}", d.id));
+                    }
+                }
+            }
+            if !lost.is_empty() {
+                // Another process writes its disk now: running here too
+                // would corrupt it.
+                return Err(SendError::Lost {
+                    why: e.to_string(),
+                    lost: lost.join("; "),
+                });
+            }
             snap.go_on(&devices, was_paused);
+            return Err(e);
         }
         r
     }

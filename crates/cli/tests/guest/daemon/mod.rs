@@ -6,6 +6,7 @@ mod control;
 mod devices;
 mod jail;
 mod lifecycle;
+mod migrate;
 mod scheduling;
 mod snapshot;
 
@@ -126,6 +127,11 @@ fn alive(pid: u64) -> bool {
 }
 
 fn start_daemon(state: &std::path::Path) -> TestDaemon {
+    start_daemon_with(state, &[])
+}
+
+/// [`start_daemon`] with more of `domus daemon`'s options.
+fn start_daemon_with(state: &std::path::Path, extra: &[&str]) -> TestDaemon {
     let log = state.with_file_name("daemon.log");
     std::fs::create_dir_all(state.parent().unwrap()).unwrap();
     let out = std::fs::OpenOptions::new()
@@ -146,6 +152,7 @@ fn start_daemon(state: &std::path::Path) -> TestDaemon {
                 .iter()
                 .flat_map(|d| [std::path::Path::new("--image-dir"), d]),
         )
+        .args(extra)
         .stderr(out)
         .spawn()
         .unwrap();
