@@ -352,3 +352,149 @@ fn relay_destination(
         .and_then(|()| src.flush())
         .map_err(|e| format!("telling the source: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// One end of a socket pair, as a handed-over connection.
+    struct Sock(UnixStream);
+
+    impl Read for Sock {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(b)
+        }
+    }
+
+    impl Write for Sock {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.write(b)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Duplex for Sock {
+        fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+            self.0.set_read_timeout(t)
+        }
+    }
+
+    fn pair() -> (UnixStream, Box<dyn Duplex>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (a, Box::new(Sock(b)))
+    }
+
+    #[test]
+    fn the_source_relay_shows_the_rounds_and_passes_the_answer_back() {
+        let (mut vmm, vmm_end) = pair();
+        let (mut dest, dest_end) = pair();
+        let status = Arc::new(Mutex::new(MigrationStatus::default()));
+        let st = status.clone();
+        let relay = std::thread::spawn(move || relay_source(vmm_end, dest_end, &st));
+        stream::write_hello(&mut vmm, &[(0, 1 << 20)]).unwrap();
+        let round = Round {
+            round: 1,
+            pages: 512,
+            bytes: 2 << 20,
+            seconds: 1.0,
+            dirty_pages: 5,
+            expected_downtime_ms: 3.0,
+        };
+        stream::write_round(&mut vmm, &round).unwrap();
+        stream::write_state(&mut vmm, b"state").unwrap();
+        // The destination gets the frames as sent, and answers.
+        assert!(matches!(
+            stream::read_frame(&mut dest),
+            Ok(stream::Frame::Hello(_))
+        ));
+        assert_eq!(
+            stream::read_frame(&mut dest).unwrap(),
+            stream::Frame::Round(round)
+        );
+        assert_eq!(
+            stream::read_frame(&mut dest).unwrap(),
+            stream::Frame::State(b"state".to_vec())
+        );
+        stream::write_running(&mut dest).unwrap();
+        assert_eq!(
+            stream::read_frame(&mut vmm).unwrap(),
+            stream::Frame::Running
+        );
+        assert!(relay.join().unwrap().is_ok());
+        let s = lock(&status).clone();
+        assert_eq!((s.rounds, s.bytes_sent, s.dirty_pages), (1, 2 << 20, 5));
+        assert_eq!((s.mib_per_s, s.expected_downtime_ms), (2.0, 3.0));
+        assert_eq!(s.state, MigrationState::Stopped);
+    }
+
+    #[test]
+    fn an_abort_goes_through_either_way_and_fails_the_relay() {
+        // The source VMM gives up.
+        let (mut vmm, vmm_end) = pair();
+        let (mut dest, dest_end) = pair();
+        let status = Mutex::new(MigrationStatus::default());
+        let relay = std::thread::spawn(move || relay_source(vmm_end, dest_end, &status));
+        stream::write_abort(&mut vmm, "cancelled").unwrap();
+        assert!(matches!(
+            stream::read_frame(&mut dest),
+            Err(stream::StreamError::Aborted(m)) if m == "cancelled"
+        ));
+        assert_eq!(relay.join().unwrap().unwrap_err(), "cancelled");
+
+        // The destination gives up after the state: the VMM hears it.
+        let (mut vmm, vmm_end) = pair();
+        let (mut dest, dest_end) = pair();
+        let status = Mutex::new(MigrationStatus::default());
+        let relay = std::thread::spawn(move || relay_source(vmm_end, dest_end, &status));
+        stream::write_state(&mut vmm, b"s").unwrap();
+        let _ = stream::read_frame(&mut dest).unwrap();
+        stream::write_abort(&mut dest, "disk missing").unwrap();
+        assert!(matches!(
+            stream::read_frame(&mut vmm),
+            Err(stream::StreamError::Aborted(m)) if m == "disk missing"
+        ));
+        assert!(relay.join().unwrap().unwrap_err().contains("disk missing"));
+
+        // The source daemon goes away: the destination's relay fails.
+        let (src, mut src_end) = pair();
+        let (vmm, mut vmm_end) = UnixStream::pair().unwrap();
+        let relay = std::thread::spawn(move || relay_destination(&mut src_end, vmm));
+        let mut src = src;
+        stream::write_hello(&mut src, &[(0, 1 << 20)]).unwrap();
+        drop(src);
+        assert!(matches!(
+            stream::read_frame(&mut vmm_end),
+            Ok(stream::Frame::Hello(_))
+        ));
+        assert!(relay.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn the_destination_relay_passes_the_stream_and_the_answer() {
+        let (mut src, mut src_end) = pair();
+        let (mut vmm, vmm_end) = UnixStream::pair().unwrap();
+        let relay = std::thread::spawn(move || relay_destination(&mut src_end, vmm_end));
+        stream::write_pages(&mut src, 0x1000, &[3; 4096]).unwrap();
+        stream::write_state(&mut src, b"s").unwrap();
+        assert_eq!(
+            stream::read_frame(&mut vmm).unwrap(),
+            stream::Frame::Pages {
+                gpa: 0x1000,
+                data: vec![3; 4096]
+            }
+        );
+        assert_eq!(
+            stream::read_frame(&mut vmm).unwrap(),
+            stream::Frame::State(b"s".to_vec())
+        );
+        stream::write_running(&mut vmm).unwrap();
+        assert_eq!(
+            stream::read_frame(&mut src).unwrap(),
+            stream::Frame::Running
+        );
+        assert!(relay.join().unwrap().is_ok());
+    }
+}

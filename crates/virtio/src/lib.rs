@@ -221,6 +221,12 @@ pub trait VirtioDevice: Send {
     fn reclaim_host(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Tells the host's network where the guest is now (after a live
+    /// migration): an interface sends a RARP frame from the guest's MAC,
+    /// so that bridges and switches learn its new port.
+    fn announce(&self) -> std::io::Result<()> {
+        Ok(())
+    }
     /// Puts back what [`VirtioDevice::state`] returned.
     fn restore(&mut self, s: &DeviceState) -> Result<(), String> {
         match s {

@@ -476,6 +476,11 @@ impl VirtioPci {
         self.device.release_host();
     }
 
+    /// See [`VirtioDevice::announce`].
+    pub fn announce(&self) -> std::io::Result<()> {
+        self.device.announce()
+    }
+
     /// See [`VirtioDevice::reclaim_host`].
     pub fn reclaim_host(&mut self) -> Result<(), String> {
         self.device.reclaim_host()

@@ -630,6 +630,15 @@ pub fn run(cfg: &VmConfig, mut restore: Option<Restore>) -> Result<ExitReason> {
         // goes on there, and this copy must not.
         domus_api::migration::write_running(&mut s)
             .map_err(|e| Error::Io("telling the migration's source that the guest runs here", e))?;
+        // The guest's MACs are behind this host's taps now: tell the
+        // bridges and switches.
+        for d in domus_devices::bus::lock(&api_devices).iter() {
+            if let Some(f) = &d.function {
+                if let Err(e) = domus_devices::bus::lock(&f.transport).announce() {
+                    eprintln!("domus: announcing {} after the migration: {e}", d.id);
+                }
+            }
+        }
     }
     if copy {
         // The guest reads its new generation ID and reseeds its RNG.

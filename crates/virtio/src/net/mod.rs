@@ -154,6 +154,24 @@ impl Net {
     }
 }
 
+/// A RARP request from `mac` (as QEMU announces a migrated guest), behind
+/// the tap's zeroed 12-byte vnet header, padded to Ethernet's 60 bytes.
+pub fn rarp(mac: &[u8; 6]) -> [u8; 12 + 60] {
+    let mut f = [0u8; 12 + 60];
+    let e = &mut f[12..];
+    e[0..6].copy_from_slice(&[0xff; 6]);
+    e[6..12].copy_from_slice(mac);
+    e[12..14].copy_from_slice(&0x8035u16.to_be_bytes()); // RARP
+    e[14..16].copy_from_slice(&1u16.to_be_bytes()); // Ethernet
+    e[16..18].copy_from_slice(&0x0800u16.to_be_bytes()); // IPv4
+    e[18] = 6;
+    e[19] = 4;
+    e[20..22].copy_from_slice(&3u16.to_be_bytes()); // request reverse
+    e[22..28].copy_from_slice(mac); // sender: the guest, no address
+    e[32..38].copy_from_slice(mac); // target: the guest, no address
+    f
+}
+
 /// The frame (header included) of a transmit chain, as I/O vectors straight
 /// into guest memory: readable descriptors only, each inside guest RAM, at
 /// most [`MAX_FRAME`] bytes in all. Returns the vectors and the length, or
@@ -525,6 +543,11 @@ impl VirtioDevice for Net {
         crate::read_config_bytes(&self.mac, offset, data);
     }
 
+    fn announce(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        (&self.tap.file).write_all(&rarp(&self.mac)).map(drop)
+    }
+
     fn activate(&mut self, a: Activation) -> Result<(), ActivateError> {
         let mut rx = None;
         let mut tx = None;
@@ -579,6 +602,19 @@ mod tests {
 
     fn mem() -> Memory {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    }
+
+    #[test]
+    fn the_announcement_is_a_rarp_request_from_the_guest() {
+        let mac = [0x52, 0x54, 0, 1, 2, 3];
+        let f = rarp(&mac);
+        assert_eq!(f[..12], [0; 12], "a zeroed vnet header");
+        let e = &f[12..];
+        assert_eq!(e.len(), 60);
+        assert_eq!((&e[0..6], &e[6..12]), (&[0xff; 6][..], &mac[..]));
+        assert_eq!(e[12..14], [0x80, 0x35]);
+        assert_eq!(e[20..22], [0, 3]);
+        assert_eq!((&e[22..28], &e[32..38]), (&mac[..], &mac[..]));
     }
 
     #[test]
