@@ -35,7 +35,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import benchlib  # noqa: E402
 from domus_api import request  # noqa: E402
 DOMUS = os.path.join(REPO, "target/release/domus")
 COUNTS = [int(x) for x in os.environ.get("COUNTS", "8,32,64").split(",")]
@@ -309,13 +310,8 @@ def report(src, command):
                          f"so this host's {usable} MiB would hold about "
                          f"{int(usable / r['pss_mib_per_domain'])} of them (admission, which "
                          f"reserves maxmem and 64 MiB per VMM, admits {usable // 192})")
-    with open(os.path.join(HERE, "results.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    benchlib.write_markdown(HERE, lines)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "measure":
-        measure(sys.argv[2])
-    else:
-        report(sys.argv[2], " ".join(sys.argv[3:]) or "tools/bench-clones")
+    benchlib.main(measure, report, "tools/bench-clones")

@@ -25,12 +25,10 @@ binaries are run from copies there. Ratios are
 Domus / Cloud Hypervisor and Domus / Firecracker in the same run; absolute times in the nested
 host are about ten times native.
 """
-import datetime
 import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -39,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench"))
+import benchlib  # noqa: E402
 DOMUS = os.path.join(REPO, "target/release/domus")
 PEERS = os.path.join(os.path.dirname(REPO), "shared/peers")
 CH = os.path.join(PEERS, "cloud-hypervisor")
@@ -310,19 +309,9 @@ def measure(dest):
         json.dump(out, f, indent=1)
 
 
-def med(rows, key):
-    v = [r[key] for r in rows if key in r]
-    return statistics.median(v) if v else None
-
 
 def report(src, command):
-    with open(src) as f:
-        m = json.load(f)
-    m["date"] = datetime.date.today().isoformat()
-    m["command"] = command
-    m["rounds"] = ROUNDS
-    with open(os.path.join(HERE, "results.json"), "w") as f:
-        json.dump(m, f, indent=1)
+    m = benchlib.stamp(src, HERE, command, ROUNDS)
     cols = [("save_ms", "save (ms)"), ("restore_running_ms", "restore to running (ms)"),
             ("restore_console_ms", "restore to the guest's console (ms)"),
             ("apparent_bytes", "snapshot, apparent (MiB)"),
@@ -342,7 +331,7 @@ def report(src, command):
     ]
     for mib, rows in m["sizes"].items():
         for key, label in cols:
-            a, b, c = (med(rows.get(n, []), key)
+            a, b, c = (benchlib.med(rows.get(n, []), key)
                        for n in ("domus", "cloud-hypervisor", "firecracker"))
             scale = (1 << 20) if key.endswith("bytes") else 1
             fa, fb, fc = (f"{x / scale:.1f}" if x is not None else "failed" for x in (a, b, c))
@@ -351,13 +340,8 @@ def report(src, command):
         errors = [r["error"] for n in rows.values() for r in n if "error" in r]
         for e in errors:
             lines.append(f"| {mib} MiB | a failed round | {e} | | | | |")
-    with open(os.path.join(HERE, "results.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    benchlib.write_markdown(HERE, lines)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "measure":
-        measure(sys.argv[2])
-    else:
-        report(sys.argv[2], " ".join(sys.argv[3:]) or "tools/bench-snapshot")
+    benchlib.main(measure, report, "tools/bench-snapshot")

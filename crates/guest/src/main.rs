@@ -14,7 +14,10 @@
 //! * `agent PORT`: the guest agent, serving commands over vsock
 //!   (`domus_guest::agent`) until asked to exit;
 //! * `exec CID PORT CMD`: runs CMD through the agent of guest CID, prints
-//!   its output and exits with its status.
+//!   its output and exits with its status;
+//! * `gaps MS`: wakes every millisecond and prints `gap_ms=X` for each
+//!   wake-up more than MS late on the guest's monotonic clock, for ever:
+//!   the guest's own view of how long it was stopped (bench/migration).
 //!
 //! Streams print `bytes=N hash=H mbs=X`: a checksum of what went over the
 //! wire, so two ends can be compared.
@@ -26,7 +29,7 @@ use domus_guest::agent;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD"
+        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS"
     );
     std::process::exit(2);
 }
@@ -63,6 +66,29 @@ fn main() {
                 }
             }
         }
+        "gaps" => {
+            let Some(ms) = args.get(1).and_then(|p| p.parse::<f64>().ok()) else {
+                usage()
+            };
+            gaps(ms)
+        }
         _ => usage(),
+    }
+}
+
+/// See `gaps MS` above.
+fn gaps(ms: f64) -> ! {
+    use std::io::Write;
+    let mut last = std::time::Instant::now();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let now = std::time::Instant::now();
+        let gap = (now - last).as_secs_f64() * 1000.0;
+        if gap > ms {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "gap_ms={gap:.1}");
+            let _ = out.flush();
+        }
+        last = now;
     }
 }
