@@ -397,6 +397,7 @@ fn restored(
             memory_file: Some(memory_file),
             incoming: None,
             paused: summary.paused,
+            prepared: None,
         },
     ))
 }
@@ -418,6 +419,12 @@ fn incoming(
         )
     })?;
     eprintln!("domus: waiting for a migration on {}", socket.display());
+    // What needs no state is made while the stream comes (if it fails,
+    // the run makes it again and says why).
+    let prepared = domus_vmm::vm::prepare().ok();
+    if given.seccomp {
+        let _ = domus_vmm::seccomp::prepare();
+    }
     let got = receive::receive(&l, socket, given.memory_mib << 20);
     let _ = std::fs::remove_file(socket);
     let got = got.map_err(|e| e.to_string())?;
@@ -437,6 +444,7 @@ fn incoming(
             memory_file: None,
             incoming: Some((got.mem, got.stream)),
             paused: summary.paused,
+            prepared,
         },
     ))
 }

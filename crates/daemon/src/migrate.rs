@@ -296,9 +296,23 @@ fn relay_source(
         } else if kind == stream::STATE {
             lock(status).state = MigrationState::Stopped;
         }
-        stream::write_raw(&mut w, kind, &payload).map_err(|e| e.to_string())?;
-        if kind == stream::ROUND || end {
-            w.flush().map_err(|e| e.to_string())?;
+        let sent = stream::write_raw(&mut w, kind, &payload).and_then(|()| {
+            if kind == stream::ROUND || end {
+                w.flush()
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = sent {
+            // The destination hung up: it may have said why first.
+            drop(w);
+            let _ = dest.set_read_timeout(Some(Duration::from_secs(2)));
+            return Err(match stream::read_raw(&mut dest) {
+                Ok((stream::ABORT, why)) => {
+                    format!("the destination gave up: {}", String::from_utf8_lossy(&why))
+                }
+                _ => format!("the destination: {e}"),
+            });
         }
         if kind == stream::ABORT {
             return Err(String::from_utf8_lossy(&payload).into_owned());

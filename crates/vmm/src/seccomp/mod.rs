@@ -61,20 +61,44 @@ pub fn filter() -> Result<BpfProgram, SeccompError> {
     compile(rules, SeccompAction::KillProcess, SeccompAction::Allow)
 }
 
-/// Each kind's filter, compiled once [`install`] has run.
-static KINDS: OnceLock<BTreeMap<Kind, Vec<BpfProgram>>> = OnceLock::new();
+/// The process's filter and each kind's, compiled ([`prepare`]).
+struct Compiled {
+    process: BpfProgram,
+    kinds: BTreeMap<Kind, Vec<BpfProgram>>,
+}
+
+static COMPILED: OnceLock<Compiled> = OnceLock::new();
+/// Set once [`install`] has run: [`enter`] adds filters from then on.
+static INSTALLED: OnceLock<()> = OnceLock::new();
+
+/// Compiles the filters now (once), so that [`install`] only installs
+/// them: a migration's destination does it while it waits for the
+/// stream.
+pub fn prepare() -> Result<(), SeccompError> {
+    if COMPILED.get().is_none() {
+        let kinds = Kind::ALL
+            .iter()
+            .map(|&k| Ok((k, kinds::filters(k)?)))
+            .collect::<Result<BTreeMap<_, _>, SeccompError>>()?;
+        let _ = COMPILED.set(Compiled {
+            process: filter()?,
+            kinds,
+        });
+    }
+    Ok(())
+}
 
 /// Installs the process's filter on every thread (no_new_privs first,
 /// which an unprivileged filter needs), compiles each kind's, and has
 /// every device thread started from now on add the device threads' filter
 /// ([`domus_virtio::on_thread_start`]).
 pub fn install() -> Result<(), SeccompError> {
-    let kinds = Kind::ALL
-        .iter()
-        .map(|&k| Ok((k, kinds::filters(k)?)))
-        .collect::<Result<BTreeMap<_, _>, SeccompError>>()?;
-    seccompiler::apply_filter_all_threads(&filter()?)?;
-    let _ = KINDS.set(kinds);
+    prepare()?;
+    let Some(c) = COMPILED.get() else {
+        return Ok(());
+    };
+    seccompiler::apply_filter_all_threads(&c.process)?;
+    let _ = INSTALLED.set(());
     domus_virtio::on_thread_start(|name| {
         enter(Kind::of_device_thread(name)).map_err(std::io::Error::other)
     });
@@ -85,7 +109,11 @@ pub fn install() -> Result<(), SeccompError> {
 /// starts later); nothing when the filters are off ([`install`] has not
 /// run).
 pub fn enter(kind: Kind) -> Result<(), SeccompError> {
-    for prog in KINDS.get().and_then(|k| k.get(&kind)).into_iter().flatten() {
+    if INSTALLED.get().is_none() {
+        return Ok(());
+    }
+    let progs = COMPILED.get().and_then(|c| c.kinds.get(&kind));
+    for prog in progs.into_iter().flatten() {
         seccompiler::apply_filter(prog)?;
     }
     Ok(())
