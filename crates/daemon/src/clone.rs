@@ -50,10 +50,32 @@ impl Daemon {
             )));
         }
         let path = PathBuf::from(&req.file);
-        let (base, paused) = self.saved_domain(&path)?;
+        let (base, _) = self.saved_domain(&path)?;
         let prefix = req.prefix.clone().unwrap_or_else(|| base.name.clone());
         let names: Vec<String> = (1..=req.count).map(|i| format!("{prefix}-{i}")).collect();
-        for n in &names {
+        self.clone_named(&path, &names, started)
+    }
+
+    /// One clone of the snapshot at `path` (absolute), named `name`: what a
+    /// configuration with `clone = "FILE"` creates.
+    pub(crate) fn clone_one(&self, path: &Path, name: &str) -> Result<domus_api::daemon::Created> {
+        let mut c = self.clone_named(path, &[name.to_string()], Instant::now())?;
+        Ok(domus_api::daemon::Created {
+            domain: c.domains.remove(0),
+            warnings: c
+                .disks
+                .iter()
+                .map(|d| format!("its disk copy is {d}"))
+                .collect(),
+        })
+    }
+
+    /// Clones named `names` of the snapshot at `path`.
+    fn clone_named(&self, path: &Path, names: &[String], started: Instant) -> Result<Cloned> {
+        let path = path.to_path_buf();
+        let (base, paused) = self.saved_domain(&path)?;
+        let prefix = names.first().cloned().unwrap_or_default();
+        for n in names {
             domus_xlcfg::check_name(n).map_err(Error::Invalid)?;
         }
         let rows = lock(&self.db).all()?;
@@ -153,10 +175,10 @@ impl Daemon {
             &prefix,
             false,
             &format!(
-                "cloned {} domains {}-1..{} from {} in {} ms",
+                "cloned {} domain(s) ({}{}) from {} in {} ms",
                 domains.len(),
                 prefix,
-                domains.len(),
+                if names.len() > 1 { "..." } else { "" },
                 path.display(),
                 elapsed.as_millis()
             ),

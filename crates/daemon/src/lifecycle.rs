@@ -162,6 +162,10 @@ impl Daemon {
                 "the configuration's directory must be an absolute path, not '{dir}'"
             )));
         }
+        // `clone = "FILE"`: the domain is a clone of that snapshot.
+        if let Some((name, snap)) = domus_xlcfg::clone_source(file, text, overrides)? {
+            return self.clone_one(&Path::new(dir).join(snap), &name);
+        }
         let mut loaded = domus_xlcfg::load(file, text, overrides)?;
         loaded.config.make_absolute(Path::new(dir));
         self.create_config(&loaded.config, loaded.warnings, Start::Boot)

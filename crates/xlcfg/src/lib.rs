@@ -277,10 +277,9 @@ pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> 
     Ok(v)
 }
 
-/// Loads a configuration: `file` names it in messages, `overrides` are
-/// `key=value` settings from the command line (a bare value is taken as a
-/// string).
-pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, ConfigError> {
+/// The settings of `text` (from `file`) with `overrides` (`KEY=VALUE`,
+/// from the command line) applied.
+fn settings(file: &str, text: &str, overrides: &[String]) -> Result<Vec<Setting>, ConfigError> {
     let mut settings = syntax::parse(text).map_err(|e| ConfigError::Syntax {
         file: file.into(),
         line: e.line,
@@ -304,6 +303,60 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             settings.push(x);
         }
     }
+    Ok(settings)
+}
+
+/// A configuration that makes a clone of a snapshot (`clone = "FILE"`,
+/// as `domus clone FILE 1` does, under the configuration's `name`): its
+/// name and the snapshot's path, or None for any other configuration.
+/// Such a configuration holds nothing else: the domain is the snapshot's.
+pub fn clone_source(
+    file: &str,
+    text: &str,
+    overrides: &[String],
+) -> Result<Option<(String, String)>, ConfigError> {
+    let settings = settings(file, text, overrides)?;
+    let Some(from) = settings.iter().find(|s| s.key == "clone") else {
+        return Ok(None);
+    };
+    let invalid = |s: &Setting, msg: String| ConfigError::Invalid {
+        file: file.into(),
+        line: s.line,
+        key: s.key.clone(),
+        msg,
+    };
+    if let Some(other) = settings
+        .iter()
+        .find(|s| s.key != "clone" && s.key != "name")
+    {
+        return Err(invalid(
+            other,
+            "a clone's configuration has only its name and clone: the rest is the snapshot's"
+                .into(),
+        ));
+    }
+    let path = string(from).map_err(|m| invalid(from, m))?;
+    let name = match settings.iter().find(|s| s.key == "name") {
+        Some(s) => {
+            let n = string(s).map_err(|m| invalid(s, m))?;
+            check_name(&n).map_err(|m| invalid(s, m))?;
+            n
+        }
+        None => {
+            return Err(ConfigError::Missing {
+                file: file.into(),
+                key: "name",
+            })
+        }
+    };
+    Ok(Some((name, path)))
+}
+
+/// Loads a configuration: `file` names it in messages, `overrides` are
+/// `key=value` settings from the command line (a bare value is taken as a
+/// string).
+pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, ConfigError> {
+    let settings = settings(file, text, overrides)?;
     let mut warnings = Vec::new();
     let get = |key: &str| settings.iter().find(|s| s.key == key).cloned();
     let invalid = |s: &Setting, msg: String| ConfigError::Invalid {
@@ -507,6 +560,30 @@ pool = "Pool-0"
         assert_eq!(c.on_poweroff, Action::Destroy);
         assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
         assert!(l.warnings.iter().any(|w| w.contains("'pool'")));
+    }
+
+    #[test]
+    fn a_clone_names_only_itself_and_its_snapshot() {
+        let text = "name = 'web-7'\nclone = '/srv/snap/web.snap'\n";
+        assert_eq!(
+            clone_source("c.cfg", text, &[]).unwrap(),
+            Some(("web-7".into(), "/srv/snap/web.snap".into()))
+        );
+        // The name from the command line, as for any configuration.
+        let (name, _) = clone_source("c.cfg", text, &["name=web-8".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(name, "web-8");
+        // Anything else is the snapshot's.
+        let e = clone_source("c.cfg", &format!("{text}memory = 512\n"), &[]).unwrap_err();
+        assert!(e.to_string().contains("only its name and clone"), "{e}");
+        assert!(
+            clone_source("c.cfg", "clone = '/s'\n", &[]).is_err(),
+            "no name"
+        );
+        assert!(clone_source("c.cfg", "name = 'a'\nclone = 3\n", &[]).is_err());
+        // Not a clone: a configuration as ever.
+        assert_eq!(clone_source("c.cfg", "name = 'a'\n", &[]).unwrap(), None);
     }
 
     #[test]

@@ -84,6 +84,25 @@ fn daemon_saves_and_restores_a_jailed_domain() {
     let (ok, _, err) = domus_cli(&state, &["restore", snap2.to_str().unwrap(), "memory=64"]);
     assert!(!ok && err.contains("only change the name"), "{err}");
     assert!(domus_cli(&state, &["destroy", "sv-copy"]).0);
+
+    // A configuration with `clone = "FILE"` (relative to it) makes one
+    // clone: the saved memory, a CID of its own; nothing else may be set.
+    let cfg = dir.join("svc.cfg");
+    std::fs::write(&cfg, "name = 'sv-clone'\nclone = 'sv2.snap'\nmemory = 64\n").unwrap();
+    let (ok, _, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(!ok && err.contains("only its name and clone"), "{err}");
+    std::fs::write(&cfg, "name = 'sv-clone'\nclone = 'sv2.snap'\n").unwrap();
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let d = find(&state, "sv-clone").expect("the clone");
+    assert_eq!(d.state, State::Running);
+    let cid = d.vsock_cid.expect("a vsock CID");
+    assert_ne!(cid, u64::from(guest.cid), "the clone has a CID of its own");
+    let clone = Client::new(cid as u32, agent::AGENT_PORT);
+    restored_ready(&clone);
+    assert_eq!(guest_sh(&clone, "cat /tmp/marker"), "in-memory");
+    assert!(dir.join("data-sv-clone.img").is_file(), "its disk copy");
+    assert!(domus_cli(&state, &["destroy", "sv-clone"]).0);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     assert_no_cgroups_left(&state);
