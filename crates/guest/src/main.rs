@@ -17,7 +17,10 @@
 //!   its output and exits with its status;
 //! * `gaps MS`: wakes every millisecond and prints `gap_ms=X` for each
 //!   wake-up more than MS late on the guest's monotonic clock, for ever:
-//!   the guest's own view of how long it was stopped (bench/migration).
+//!   the guest's own view of how long it was stopped (bench/migration);
+//! * `dirty MIB`: writes every page of MIB MiB of memory, over and over,
+//!   for ever: a guest that dirties memory faster than a live migration
+//!   can send it.
 //!
 //! Streams print `bytes=N hash=H mbs=X`: a checksum of what went over the
 //! wire, so two ends can be compared.
@@ -29,7 +32,7 @@ use domus_guest::agent;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS"
+        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB"
     );
     std::process::exit(2);
 }
@@ -66,6 +69,12 @@ fn main() {
                 }
             }
         }
+        "dirty" => {
+            let Some(mib) = args.get(1).and_then(|p| p.parse::<usize>().ok()) else {
+                usage()
+            };
+            dirty(mib)
+        }
         "gaps" => {
             let Some(ms) = args.get(1).and_then(|p| p.parse::<f64>().ok()) else {
                 usage()
@@ -73,6 +82,20 @@ fn main() {
             gaps(ms)
         }
         _ => usage(),
+    }
+}
+
+/// See `dirty MIB` above.
+fn dirty(mib: usize) -> ! {
+    let mut mem = vec![0u8; mib << 20];
+    let mut n = 0u8;
+    loop {
+        n = n.wrapping_add(1);
+        for page in mem.chunks_mut(4096) {
+            // Volatile: the writes must happen, not be folded away.
+            // SAFETY: a write to a byte of a live, owned buffer.
+            unsafe { std::ptr::write_volatile(&mut page[0], n) };
+        }
     }
 }
 

@@ -184,7 +184,7 @@ fn exclusive_daemons_migrate_a_running_domain_live() {
     assert!(ok, "{out}{err}");
     agent_ready(&guest);
     let sh = |cmd: &str| guest_sh(&guest, cmd);
-    sh("sh -c 'while :; do dd if=/dev/zero of=/tmp/x bs=1M count=48 2>/dev/null; done' > /dev/null 2>&1 < /dev/null &");
+    sh("domus-guest dirty 32 > /dev/null 2>&1 < /dev/null &");
     let (ok, out, err) = migrate(
         &src,
         "busy",
