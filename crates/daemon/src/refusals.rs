@@ -135,3 +135,63 @@ fn host_files_outside_the_image_dirs_are_refused_before_anything_starts() {
     let _ = std::fs::remove_dir_all(state);
     let _ = std::fs::remove_dir_all(images);
 }
+
+#[test]
+fn migrations_are_refused_before_anything_moves() {
+    use domus_api::daemon::{IncomingRequest, MigrateRequest};
+    use domus_api::vmm::MigrationState;
+    let s = stand_in();
+    let started = s.started.clone();
+    let (d, state) = daemon("migrate", host(s));
+    d.create("a.cfg", "/", &config("a", ""), &[]).unwrap();
+    let req = |fingerprint: Option<&str>, ca: Option<&str>, downtime_ms| MigrateRequest {
+        to: "127.0.0.1:1".into(),
+        token: "t".into(),
+        fingerprint: fingerprint.map(Into::into),
+        ca_file: ca.map(Into::into),
+        downtime_ms,
+        max_rounds: 30,
+    };
+    // No certificate to check the destination by, or two; no downtime; no
+    // such domain.
+    for (r, what) in [
+        (req(None, None, 300), "certificate"),
+        (req(Some("SHA256:00"), Some("/ca.pem"), 300), "certificate"),
+        (req(Some("SHA256:00"), None, 0), "at least 1"),
+    ] {
+        let e = d.migrate("a", &r).unwrap_err();
+        assert!(e.to_string().contains(what), "{e}");
+        assert_eq!(e.status(), 400);
+    }
+    let e = d
+        .migrate("nope", &req(Some("SHA256:00"), None, 300))
+        .unwrap_err();
+    assert_eq!(e.status(), 404, "{e}");
+    // A destination that is not there: refused, shown as failed, and the
+    // domain goes on here.
+    let e = d
+        .migrate("a", &req(Some("SHA256:00"), None, 300))
+        .unwrap_err();
+    assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+    let m = d.migration("a").unwrap();
+    assert_eq!(m.state, MigrationState::Failed);
+    assert!(m.error.unwrap_or_default().contains("127.0.0.1:1"));
+    assert_eq!(
+        d.find("a").unwrap().state,
+        domus_api::daemon::State::Running
+    );
+    // The destination's side: a name it has is refused before it answers
+    // (and so before any stream comes).
+    let c = d.find("a").unwrap().config;
+    let e = d
+        .incoming(IncomingRequest {
+            domain: c,
+            paused: false,
+        })
+        .unwrap_err();
+    assert!(matches!(e, Error::NameInUse(_)), "{e}");
+    assert_eq!(started.lock().unwrap().len(), 1, "only a's VMM started");
+    d.destroy("a").unwrap();
+    assert_nothing_left(&d, &state, &started.lock().unwrap());
+    let _ = std::fs::remove_dir_all(state);
+}

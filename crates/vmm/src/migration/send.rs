@@ -98,6 +98,11 @@ impl Migrator {
             Ok(_one) => self.send(&mut *to, opts),
             Err(_) => Err(SendError::Snapshot(crate::snapshot::SnapshotError::Busy)),
         };
+        if let Err(e) = &r {
+            // Told before the status changes: a reader of the status then
+            // knows the destination was told too.
+            let _ = stream::write_abort(&mut to, &e.to_string()).and_then(|()| to.flush());
+        }
         let mut st = lock(&self.status);
         match r {
             Ok(downtime) => {
@@ -111,8 +116,11 @@ impl Migrator {
             }
             Err(e) => {
                 let why = e.to_string();
-                eprintln!("domus: migration failed, the guest goes on here: {why}");
-                let _ = stream::write_abort(&mut to, &why).and_then(|()| to.flush());
+                if matches!(e, SendError::Lost { .. }) {
+                    eprintln!("domus: migration failed: {why}");
+                } else {
+                    eprintln!("domus: migration failed, the guest goes on here: {why}");
+                }
                 st.state = MigrationState::Failed;
                 st.error = Some(why);
             }
