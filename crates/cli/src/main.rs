@@ -153,7 +153,8 @@ struct RunArgs {
     restore: Option<PathBuf>,
     /// Take a domain migrated live from another VMM instead of booting one
     /// (docs/migration.md): listen on this Unix socket, take the guest's
-    /// memory and state from the one connection that comes, check them as
+    /// memory and state from the one connection that comes (within 10
+    /// minutes), check them as
     /// --restore does, and run the guest, telling the source. Its memory
     /// may be at most --memory (or the --config's). Name, console, API
     /// socket, seccomp, jail, disks and interfaces as with --restore.
@@ -418,7 +419,10 @@ fn incoming(
             io_reason(&e)
         )
     })?;
-    eprintln!("domus: waiting for a migration on {}", socket.display());
+    eprintln!(
+        "domus: waiting for a migration on {} (10 minutes at most)",
+        socket.display()
+    );
     // What needs no state is made while the stream comes (if it fails,
     // the run makes it again and says why).
     let prepared = domus_vmm::vm::prepare().ok();

@@ -18,6 +18,32 @@ use domus_virtio::Memory;
 /// The longest the stream may fall silent (between two frames) before the
 /// destination gives up.
 const IDLE: Duration = Duration::from_secs(60);
+/// The longest the destination waits for the source to connect.
+const CONNECT_WAIT: Duration = Duration::from_secs(600);
+
+/// The first connection on `l` within `wait`.
+fn accept_within(l: &UnixListener, wait: Duration) -> std::io::Result<UnixStream> {
+    let until = Instant::now() + wait;
+    l.set_nonblocking(true)?;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no source connected within {} s", wait.as_secs()),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiveError {
@@ -56,7 +82,7 @@ pub fn receive(
         path: path.display().to_string(),
         source,
     };
-    let (s, _) = listener.accept().map_err(sock)?;
+    let s = accept_within(listener, CONNECT_WAIT).map_err(sock)?;
     s.set_read_timeout(Some(IDLE)).map_err(sock)?;
     let mut r = std::io::BufReader::with_capacity(1 << 20, &s);
     let regions = match stream::read_frame(&mut r)? {
@@ -248,6 +274,16 @@ mod tests {
             s.write_all(&[2, 0, 0, 0])
         }));
         assert!(e.contains("migration stream"), "{e}");
+    }
+
+    #[test]
+    fn a_source_that_never_connects_is_given_up_on() {
+        let path = std::env::temp_dir().join(format!("domus-recv-none-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        let e = accept_within(&l, Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
