@@ -459,8 +459,9 @@ pub fn run(cfg: &VmConfig, mut restore: Option<Restore>) -> Result<ExitReason> {
     let vm = Arc::new(vm);
 
     let ranges = layout::ram_ranges(cfg.memory);
-    let incoming = restore.as_mut().and_then(|r| r.incoming.take());
+    // Asked before the migration's memory is taken out of `restore`.
     let copy = restore.as_ref().is_some_and(|r| r.is_copy());
+    let incoming = restore.as_mut().and_then(|r| r.incoming.take());
     let (received, answer) = incoming.unzip();
     let mem = Arc::new(match (&restore, received) {
         (Some(_), Some(m)) => {

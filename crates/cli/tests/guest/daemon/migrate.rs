@@ -98,6 +98,7 @@ fn exclusive_daemons_migrate_a_running_domain_live() {
     sh("ip addr add 10.84.0.2/24 dev eth0 && ip link set eth0 up");
     sh("for i in $(seq 300); do ping -c1 -W1 10.84.0.1 >/dev/null && exit 0; sleep 0.1; done; exit 1");
     let mac = sh("cat /sys/class/net/eth0/address");
+    let generation = sh("devmem 0xef000 64");
 
     // Refused, with the domain still here and nothing there: a wrong
     // token, a wrong certificate, a name the destination has.
@@ -155,6 +156,11 @@ fn exclusive_daemons_migrate_a_running_domain_live() {
     let up_after: f64 = sh("cut -d' ' -f1 /proc/uptime").parse().unwrap();
     assert!(up_after > up_before, "uptime {up_before} then {up_after}");
     assert_eq!(sh("cat /sys/class/net/eth0/address"), mac);
+    assert_eq!(
+        sh("devmem 0xef000 64"),
+        generation,
+        "the same machine: its VM generation ID is kept"
+    );
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::SeqCst);
     let (sent, hash) = sender.join().unwrap();
