@@ -228,9 +228,15 @@ pub struct DaemonClient {
     conn: Conn,
 }
 
+/// How long the verbs that start or write domains wait for their answer
+/// (create, save, restore, clone, migrate): the daemon bounds each of
+/// their steps itself (a VMM's start, a guest's unplug), but together,
+/// for many clones or a large save on a busy host, they can take minutes.
+const LONG_TIMEOUT: Duration = Duration::from_secs(600);
+
 impl DaemonClient {
     /// A client of the daemon at `at` that waits up to 30 s for each answer
-    /// (a create waits for the domain's VMM to start, up to 15 s).
+    /// (the verbs that start or write domains up to [`LONG_TIMEOUT`]).
     pub fn new(at: Endpoint) -> Self {
         Self {
             conn: Conn {
@@ -275,23 +281,33 @@ impl DaemonClient {
         self.get(&format!("/v1/domains/{dom}"))
     }
 
+    /// The connection for a verb that may take long ([`LONG_TIMEOUT`]).
+    fn long(&self) -> Conn {
+        Conn {
+            timeout: self.conn.timeout.max(LONG_TIMEOUT),
+            ..self.conn.clone()
+        }
+    }
+
     pub fn create(&self, req: &CreateRequest) -> Result<Created, ClientError> {
-        self.conn.call("POST", "/v1/domains", Some(req))
+        self.long().call("POST", "/v1/domains", Some(req))
     }
 
     /// save: the domain into `req.file`; destroyed afterwards, or paused.
     pub fn save(&self, dom: &str, req: &SaveRequest) -> Result<Saved, ClientError> {
-        self.put(&format!("/v1/domains/{dom}/save"), Some(req))
+        self.long()
+            .call("PUT", &format!("/v1/domains/{dom}/save"), Some(req))
     }
 
     /// clone: `req.count` domains started from the snapshot `req.file`.
     pub fn clone_snapshot(&self, req: &CloneRequest) -> Result<Cloned, ClientError> {
-        self.conn.call("POST", "/v1/clone", Some(req))
+        self.long().call("POST", "/v1/clone", Some(req))
     }
 
-    /// migrate: sends domain `dom` live to another daemon.
+    /// migrate: sends domain `dom` live to another daemon (the answer
+    /// comes once both ends agreed).
     pub fn migrate(&self, dom: &str, req: &MigrateRequest) -> Result<MigrationStatus, ClientError> {
-        self.conn
+        self.long()
             .call("POST", &format!("/v1/domains/{dom}/migrate"), Some(req))
     }
 
@@ -309,7 +325,7 @@ impl DaemonClient {
 
     /// restore: the domain saved in `req.file`, started again.
     pub fn restore(&self, req: &RestoreRequest) -> Result<Created, ClientError> {
-        self.conn.call("POST", "/v1/restore", Some(req))
+        self.long().call("POST", "/v1/restore", Some(req))
     }
 
     pub fn destroy(&self, dom: &str) -> Result<(), ClientError> {
