@@ -269,20 +269,12 @@ pub struct MigrateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
     /// The longest the guest may stop (default 300 ms).
-    #[serde(default = "default_downtime_ms")]
+    #[serde(default = "crate::vmm::default_downtime_ms")]
     pub downtime_ms: u64,
     /// Rounds after which a migration that does not converge gives up
     /// (default 30).
-    #[serde(default = "default_max_rounds")]
+    #[serde(default = "crate::vmm::default_max_rounds")]
     pub max_rounds: u32,
-}
-
-fn default_downtime_ms() -> u64 {
-    300
-}
-
-fn default_max_rounds() -> u32 {
-    30
 }
 
 /// `POST /v1/migrations`, from the source daemon to the destination's:

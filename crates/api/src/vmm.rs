@@ -267,11 +267,11 @@ impl Default for MigrateRequest {
     }
 }
 
-fn default_downtime_ms() -> u64 {
+pub(crate) fn default_downtime_ms() -> u64 {
     300
 }
 
-fn default_max_rounds() -> u32 {
+pub(crate) fn default_max_rounds() -> u32 {
     30
 }
 

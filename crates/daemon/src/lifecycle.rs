@@ -186,18 +186,7 @@ impl Daemon {
         // the memory) happen under the lifecycle lock; starting the VMM does
         // not, so creates run side by side.
         let guard = lock(&self.lifecycle);
-        let rows = lock(&self.db).all()?;
-        if rows.iter().any(|r| r.name == c.name) {
-            return Err(Error::NameInUse(c.name.clone()));
-        }
-        if let Some(cid) = c.vsock_cid {
-            if let Some(r) = rows.iter().find(|r| r.config.vsock_cid == Some(cid)) {
-                return Err(Error::CidInUse {
-                    cid,
-                    name: r.name.clone(),
-                });
-            }
-        }
+        refuse_taken(&lock(&self.db).all()?, c)?;
         self.admit(c.maxmem_mib, None)?;
         let row = db::Row {
             id: 0,
@@ -633,6 +622,22 @@ fn keep_mib(r: &db::Row) -> u64 {
 
 /// The most descriptors a VMM may hold (disks, taps, eventfds, sockets).
 const VMM_FILES: u64 = 4096;
+
+/// Refuses domain `c` if one of `rows` has its name or its vsock CID.
+pub(crate) fn refuse_taken(rows: &[db::Row], c: &domus_api::domain::DomainConfig) -> Result<()> {
+    if rows.iter().any(|r| r.name == c.name) {
+        return Err(Error::NameInUse(c.name.clone()));
+    }
+    if let Some(cid) = c.vsock_cid {
+        if let Some(r) = rows.iter().find(|r| r.config.vsock_cid == Some(cid)) {
+            return Err(Error::CidInUse {
+                cid,
+                name: r.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
 
 /// How long a VMM taking a live migration may take before its API answers
 /// (it ends on its own when the stream falls silent for a minute).

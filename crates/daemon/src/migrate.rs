@@ -198,18 +198,7 @@ impl Daemon {
         let c = req.domain;
         self.files.check_config(&c)?;
         self.check_limits(&c)?;
-        let rows = lock(&self.db).all()?;
-        if rows.iter().any(|r| r.name == c.name) {
-            return Err(Error::NameInUse(c.name.clone()));
-        }
-        if let Some(cid) = c.vsock_cid {
-            if let Some(r) = rows.iter().find(|r| r.config.vsock_cid == Some(cid)) {
-                return Err(Error::CidInUse {
-                    cid,
-                    name: r.name.clone(),
-                });
-            }
-        }
+        crate::lifecycle::refuse_taken(&lock(&self.db).all()?, &c)?;
         self.admit(c.maxmem_mib, None)?;
         let me = self.clone();
         Ok(Response::upgraded(200, "{}", move |mut src| {

@@ -364,10 +364,16 @@ pub fn request_within(
     body: Option<&str>,
     timeout: Duration,
 ) -> Result<(u16, String), HttpError> {
+    exchange(connect_unix(socket, timeout)?, method, path, body, None)
+}
+
+/// A connection to the server at `socket` whose reads and writes wait
+/// `timeout` at most.
+fn connect_unix(socket: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
     let s = UnixStream::connect(socket)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    exchange(s, method, path, body, None)
+    Ok(s)
 }
 
 /// [`request_within`] to a daemon listening on TCP at `addr` (host:port),
@@ -439,9 +445,7 @@ pub fn unix_upgrade(
     want: u16,
     timeout: Duration,
 ) -> Result<crate::upgrade::Answer, HttpError> {
-    let s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
+    let s = connect_unix(socket, timeout)?;
     let timer = s.try_clone()?;
     upgrade::upgrade_request(s, timer, &request_bytes(method, path, body, None), want)
 }

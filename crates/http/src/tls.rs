@@ -323,18 +323,27 @@ pub fn tls_request(
     body: Option<&str>,
     timeout: Duration,
 ) -> Result<(u16, String), HttpError> {
-    let config = Arc::new(client_config(verify)?);
-    let name = ServerName::try_from(host_of(addr).to_string())
-        .map_err(|e| tls_error(format!("{addr}: {e}")))?;
-    let conn = ClientConnection::new(config, name).map_err(tls_error)?;
-    let s = connect_tcp(addr, timeout)?;
     exchange(
-        rustls::StreamOwned::new(conn, s),
+        connect(addr, verify, timeout)?,
         method,
         path,
         body,
         Some(token),
     )
+}
+
+/// A TLS connection to `addr`, the server verified by `verify`, whose
+/// reads and writes wait `timeout` at most.
+fn connect(
+    addr: &str,
+    verify: &Verify,
+    timeout: Duration,
+) -> Result<rustls::StreamOwned<ClientConnection, TcpStream>, HttpError> {
+    let config = Arc::new(client_config(verify)?);
+    let name = ServerName::try_from(host_of(addr).to_string())
+        .map_err(|e| tls_error(format!("{addr}: {e}")))?;
+    let conn = ClientConnection::new(config, name).map_err(tls_error)?;
+    Ok(rustls::StreamOwned::new(conn, connect_tcp(addr, timeout)?))
 }
 
 /// [`tls_request`], the connection handed over when the answer's status
@@ -350,14 +359,10 @@ pub fn tls_upgrade(
     want: u16,
     timeout: Duration,
 ) -> Result<crate::upgrade::Answer, HttpError> {
-    let config = Arc::new(client_config(verify)?);
-    let name = ServerName::try_from(host_of(addr).to_string())
-        .map_err(|e| tls_error(format!("{addr}: {e}")))?;
-    let conn = ClientConnection::new(config, name).map_err(tls_error)?;
-    let s = connect_tcp(addr, timeout)?;
-    let timer = s.try_clone()?;
+    let s = connect(addr, verify, timeout)?;
+    let timer = s.sock.try_clone()?;
     let req = crate::request_bytes(method, path, body, Some(token));
-    crate::upgrade::upgrade_request(rustls::StreamOwned::new(conn, s), timer, &req, want)
+    crate::upgrade::upgrade_request(s, timer, &req, want)
 }
 
 #[cfg(test)]
