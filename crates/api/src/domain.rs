@@ -34,6 +34,8 @@ impl Action {
 #[serde(deny_unknown_fields)]
 pub struct Disk {
     pub path: PathBuf,
+    #[serde(default, skip_serializing_if = "crate::spec::DiskFormat::is_raw")]
+    pub format: crate::spec::DiskFormat,
     /// The virtual device name as written (xvda, hda, sda, vda, ...).
     pub vdev: String,
     #[serde(default)]
@@ -150,6 +152,7 @@ mod tests {
             cmdline: "console=ttyS0".into(),
             disks: vec![Disk {
                 path: "web.raw".into(),
+                format: Default::default(),
                 vdev: "xvda".into(),
                 read_only: false,
             }],

@@ -92,11 +92,17 @@ pub trait Checked {
     fn check(&self) -> Result<(), String>;
 }
 
-/// A virtio-blk disk on a raw image file.
+/// A disk image's format (raw or qcow2), never probed from the file: a
+/// raw disk whose guest wrote a qcow2 header into it stays raw.
+pub use domus_disk::Format as DiskFormat;
+
+/// A virtio-blk disk on a raw image file or a qcow2 image.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiskSpec {
     pub path: PathBuf,
+    #[serde(default, skip_serializing_if = "DiskFormat::is_raw")]
+    pub format: DiskFormat,
     #[serde(default)]
     pub read_only: bool,
     /// The serial the guest sees: 1 to 20 printable characters.
@@ -110,12 +116,19 @@ pub struct DiskSpec {
     /// socket (`JailSpec::fd_socket`) with this tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed: Option<u64>,
+    /// The tags of the descriptors passed for a qcow2 disk's backing files,
+    /// in chain order (with `passed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passed_backing: Vec<u64>,
 }
 
 impl Checked for DiskSpec {
     fn check(&self) -> Result<(), String> {
         if self.path.as_os_str().is_empty() {
             return Err("the disk needs a path".into());
+        }
+        if !self.passed_backing.is_empty() && self.passed.is_none() {
+            return Err("passed_backing without passed".into());
         }
         if let Some(id) = &self.id {
             if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_graphic()) {
@@ -131,8 +144,9 @@ impl Checked for DiskSpec {
 impl FromStr for DiskSpec {
     type Err = String;
 
-    /// `PATH[,ro][,id=NAME][,bw=SIZE][,iops=N]`: `bw` in bytes per second
-    /// (`bw=10M` is 10 MiB/s), `iops` in requests per second.
+    /// `PATH[,format=raw|qcow2][,ro][,id=NAME][,bw=SIZE][,iops=N]`: `bw`
+    /// in bytes per second (`bw=10M` is 10 MiB/s), `iops` in requests per
+    /// second.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let path = parts.next().unwrap_or_default();
@@ -152,10 +166,11 @@ impl FromStr for DiskSpec {
                 ("ro", "") => d.read_only = true,
                 ("rw", "") => d.read_only = false,
                 ("id", v) => d.id = Some(v.to_string()),
+                ("format", v) => d.format = v.parse().map_err(|e| format!("'{s}': {e}"))?,
                 ("bw" | "iops", v) => set_rate(&mut d.rate_limit, k == "bw", p, v)?,
                 _ => {
                     return Err(format!(
-                        "'{p}': unknown disk option (known: ro, rw, id=NAME, bw=SIZE, iops=N)"
+                        "'{p}': unknown disk option (known: format=raw|qcow2, ro, rw, id=NAME, bw=SIZE, iops=N)"
                     ))
                 }
             }
@@ -480,6 +495,7 @@ mod tests {
             d,
             DiskSpec {
                 path: "a.raw".into(),
+                format: DiskFormat::Raw,
                 read_only: true,
                 id: Some("root".into()),
                 rate_limit: RateLimit {
@@ -487,8 +503,13 @@ mod tests {
                     iops: Some(500)
                 },
                 passed: None,
+                passed_backing: Vec::new(),
             }
         );
+        let q: DiskSpec = "o.qcow2,format=qcow2".parse().unwrap();
+        assert_eq!(q.format, DiskFormat::Qcow2);
+        assert_eq!(serde_json::to_value(&q).unwrap()["format"], "qcow2");
+        assert!("o.qcow2,format=vmdk".parse::<DiskSpec>().is_err());
         assert_eq!(
             "a,bw=4096"
                 .parse::<DiskSpec>()

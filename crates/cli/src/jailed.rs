@@ -41,7 +41,9 @@ pub fn child_jail(spec: &VmSpec, (uid, gid): (u32, u32)) -> Option<JailSpec> {
             .map(PathBuf::from)
             .collect(),
         max_file_bytes: domus_jail::file_limit_for(
-            spec.disks.iter().map(|d| d.path.as_path()),
+            spec.disks
+                .iter()
+                .map(|d| domus_disk::grows_to(&d.path, d.format)),
             spec.memory_mib << 20,
         ),
         max_threads: domus_jail::MAX_THREADS,

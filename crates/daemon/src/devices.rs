@@ -18,8 +18,9 @@ impl Daemon {
                 disk.path.display()
             )));
         }
-        self.files
-            .check(&format!("disk {}", disk.vdev), &disk.path)?;
+        let chain = self
+            .files
+            .check_disk(&format!("disk {}", disk.vdev), &disk)?;
         if let Some(d) = r.config.disks.iter().find(|d| d.vdev == disk.vdev) {
             return Err(Error::Invalid(format!(
                 "domain {} already has a disk {} ({})",
@@ -32,7 +33,9 @@ impl Daemon {
         let api = self.vmm(&r)?;
         // A jailed VMM cannot open the file: it is handed the descriptor.
         if let Some(jail) = self.running_jail(&r) {
-            spec.passed = Some(self.pass_disk(&r, &jail, &disk.path, spec.read_only)?);
+            let (tag, backing) = self.pass_disk(&r, &jail, &disk, &chain)?;
+            spec.passed = Some(tag);
+            spec.passed_backing = backing;
         }
         let dev = api
             .plug(&PlugRequest {

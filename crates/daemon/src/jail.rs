@@ -38,7 +38,10 @@ impl Daemon {
             // disks, /dev/net/tun for interfaces) is passed in.
             devices: Vec::new(),
             max_file_bytes: domus_jail::file_limit_for(
-                r.config.disks.iter().map(|d| d.path.as_path()),
+                r.config
+                    .disks
+                    .iter()
+                    .map(|d| domus_disk::grows_to(&d.path, d.format)),
                 r.config.maxmem_mib << 20,
             ),
             max_threads: domus_jail::MAX_THREADS,
@@ -54,21 +57,24 @@ impl Daemon {
         domus_api::parse_body::<VmSpec>(&text).ok()?.jail
     }
 
-    /// For a disk hot-plugged into a jailed VMM: opens `path` as the disk
-    /// asks and passes the descriptor to the VMM, returning the tag its
-    /// plug request names. A file larger than the VMM's file-size limit is
-    /// refused: the guest's writes past the limit would fail.
+    /// For a disk hot-plugged into a jailed VMM: opens the files of its
+    /// `chain` (the disk as it asks, its backing files read-only) and
+    /// passes the descriptors to the VMM, returning the tags its plug
+    /// request names (the disk's, then its backing files' in order). A
+    /// disk that may grow past the VMM's file-size limit is refused: the
+    /// guest's writes past the limit would fail.
     pub(crate) fn pass_disk(
         &self,
         r: &db::Row,
         jail: &JailSpec,
-        path: &Path,
-        read_only: bool,
-    ) -> Result<u64> {
-        let size = domus_jail::file_size(path);
+        disk: &domus_api::domain::Disk,
+        chain: &[std::path::PathBuf],
+    ) -> Result<(u64, Vec<u64>)> {
+        let path = &disk.path;
+        let size = domus_disk::grows_to(path, disk.format);
         if size > jail.max_file_bytes {
             return Err(Error::Invalid(format!(
-                "{} ({size} bytes) is larger than the files domain {}'s jailed VMM may write \
+                "{} (up to {size} bytes) is larger than the files domain {}'s jailed VMM may write \
                  ({} bytes, set from its largest disk when it started): restart the domain \
                  with the disk in its configuration",
                 path.display(),
@@ -76,7 +82,13 @@ impl Daemon {
                 jail.max_file_bytes
             )));
         }
-        self.pass_file(r, jail, path, !read_only)
+        let tag = self.pass_file(r, jail, path, !disk.read_only)?;
+        let backing = chain
+            .iter()
+            .skip(1)
+            .map(|p| self.pass_file(r, jail, p, false))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((tag, backing))
     }
 
     /// For an interface hot-plugged into a jailed VMM: passes it an open

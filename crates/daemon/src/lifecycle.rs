@@ -563,6 +563,7 @@ impl Daemon {
 pub(crate) fn disk_spec(d: &domus_xlcfg::Disk) -> DiskSpec {
     DiskSpec {
         path: d.path.clone(),
+        format: d.format,
         read_only: d.read_only,
         ..DiskSpec::default()
     }

@@ -11,7 +11,7 @@
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use domus_api::domain::DomainConfig;
+use domus_api::domain::{Disk, DomainConfig};
 
 use crate::{Error, Result};
 
@@ -44,9 +44,32 @@ impl Files {
             self.check("ramdisk", r)?;
         }
         for d in &c.disks {
-            self.check(&format!("disk {}", d.vdev), &d.path)?;
+            self.check_disk(&format!("disk {}", d.vdev), d)?;
         }
         Ok(())
+    }
+
+    /// A disk's files: the disk and, for qcow2, every file of its backing
+    /// chain, each checked as [`Files::check`] does (read from their
+    /// headers, opened read-only, under `domus_disk`'s rules on chains).
+    /// Returns the chain's paths, the disk first.
+    pub fn check_disk(&self, what: &str, d: &Disk) -> Result<Vec<PathBuf>> {
+        self.check(what, &d.path)?;
+        if d.format.is_raw() {
+            return Ok(vec![d.path.clone()]);
+        }
+        let mut opener = CheckedOpener {
+            files: self,
+            what,
+            refused: None,
+        };
+        match domus_disk::open(&d.path, d.format, false, &mut opener) {
+            Ok(c) => Ok(c.links.into_iter().map(|l| l.path).collect()),
+            Err(e) => Err(opener
+                .refused
+                .take()
+                .unwrap_or_else(|| Error::Invalid(format!("{what}: {e}")))),
+        }
     }
 
     /// Whether `path` (the domain's `what`) may be given to a guest: a
@@ -125,6 +148,36 @@ impl Files {
                 dirs.join(", ")
             }
         ))
+    }
+}
+
+/// Opens a disk's chain for [`Files::check_disk`], each backing file
+/// checked first; the daemon's own refusal is kept to be returned as it is.
+struct CheckedOpener<'a> {
+    files: &'a Files,
+    what: &'a str,
+    refused: Option<Error>,
+}
+
+impl domus_disk::Opener for CheckedOpener<'_> {
+    fn open(
+        &mut self,
+        path: &Path,
+        link: usize,
+        write: bool,
+    ) -> std::result::Result<std::fs::File, domus_disk::Error> {
+        if link > 0 {
+            let what = format!("{}'s backing file (link {link} of its chain)", self.what);
+            if let Err(e) = self.files.check(&what, path) {
+                let reason = e.to_string();
+                self.refused = Some(e);
+                return Err(domus_disk::Error::Refused {
+                    path: path.display().to_string(),
+                    reason,
+                });
+            }
+        }
+        domus_disk::ByPath.open(path, link, write)
     }
 }
 
@@ -222,6 +275,54 @@ mod tests {
             .check("disk", &d.join("images/sub/disk.img"))
             .unwrap_err();
         assert!(e.to_string().contains("(none)"), "{e}");
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn a_qcow2_disk_is_served_only_with_its_whole_chain_and_a_bad_one_is_named() {
+        use domus_disk::{create, CreateOptions, Format};
+        let d = scratch("chain");
+        let f = Files::new(vec![d.join("images")], vec![]);
+        let disk = |p: &Path| Disk {
+            path: p.to_path_buf(),
+            format: Format::Qcow2,
+            vdev: "xvda".into(),
+            read_only: false,
+        };
+        let base = d.join("images/sub/disk.img");
+        let top = d.join("images/top.qcow2");
+        create(&top, &CreateOptions::overlay(&base, Format::Raw, 4096)).unwrap();
+        assert_eq!(
+            f.check_disk("disk xvda", &disk(&top)).unwrap(),
+            vec![top.clone(), base]
+        );
+        // A backing file outside the image directories: 403, named.
+        let out = d.join("images/out.qcow2");
+        create(
+            &out,
+            &CreateOptions::overlay(&d.join("elsewhere/secret"), Format::Raw, 4096),
+        )
+        .unwrap();
+        let e = f.check_disk("disk xvda", &disk(&out)).unwrap_err();
+        assert_eq!(e.status(), 403, "{e}");
+        assert!(e.to_string().contains("backing file"), "{e}");
+        // A corrupt header, a loop and a raw file said to be qcow2: 400.
+        let bad = d.join("images/bad.qcow2");
+        let mut b = std::fs::read(&top).unwrap();
+        b[20..24].copy_from_slice(&[0xff; 4]); // cluster_bits
+        std::fs::write(&bad, b).unwrap();
+        let e = f.check_disk("disk xvda", &disk(&bad)).unwrap_err();
+        assert_eq!(e.status(), 400, "{e}");
+        assert!(e.to_string().contains("corrupt"), "{e}");
+        let (a, l) = (d.join("images/a.qcow2"), d.join("images/l.qcow2"));
+        create(&l, &CreateOptions::overlay(&a, Format::Qcow2, 4096)).unwrap();
+        create(&a, &CreateOptions::overlay(&l, Format::Qcow2, 4096)).unwrap();
+        let e = f.check_disk("disk xvda", &disk(&a)).unwrap_err();
+        assert!(e.to_string().contains("loops"), "{e}");
+        let e = f
+            .check_disk("disk xvda", &disk(&d.join("images/sub/disk.img")))
+            .unwrap_err();
+        assert!(e.to_string().contains("not a qcow2 image"), "{e}");
         let _ = std::fs::remove_dir_all(d);
     }
 

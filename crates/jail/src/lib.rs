@@ -31,30 +31,11 @@ pub fn file_limit(largest: u64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// The file-size limit ([`file_limit`]) for a VMM given `disks` and
-/// `memory_bytes` of guest memory (a snapshot writes that much to its
-/// memory file).
-pub fn file_limit_for<'a>(
-    disks: impl IntoIterator<Item = &'a std::path::Path>,
-    memory_bytes: u64,
-) -> u64 {
-    file_limit(
-        disks
-            .into_iter()
-            .map(file_size)
-            .max()
-            .unwrap_or(0)
-            .max(memory_bytes),
-    )
-}
-
-/// The size of a disk file (0 for a block device, which the limit does not
-/// apply to, or one that cannot be read).
-pub fn file_size(p: &std::path::Path) -> u64 {
-    std::fs::metadata(p)
-        .ok()
-        .filter(std::fs::Metadata::is_file)
-        .map_or(0, |m| m.len())
+/// The file-size limit ([`file_limit`]) for a VMM given disks that may grow
+/// to `disk_bytes` each and `memory_bytes` of guest memory (a snapshot
+/// writes that much to its memory file).
+pub fn file_limit_for(disk_bytes: impl IntoIterator<Item = u64>, memory_bytes: u64) -> u64 {
+    file_limit(disk_bytes.into_iter().max().unwrap_or(0).max(memory_bytes))
 }
 
 #[cfg(test)]

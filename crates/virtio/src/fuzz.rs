@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-use crate::block::io::{self, Counters, Disk};
+use crate::block::io::{self, Backend, Counters, Disk};
 use crate::block::request::{self, Desc};
 use crate::Memory;
 
@@ -53,7 +53,8 @@ fn disk() -> &'static Disk {
             .expect("fuzz disk");
         let _ = std::fs::remove_file(&path);
         Disk {
-            file: f,
+            locks: Vec::new(),
+            backend: Backend::Raw(f),
             read_only: false,
             id: *b"fuzz-disk-0000000000",
             counters: Counters::default(),

@@ -98,10 +98,12 @@ fn limits(r: &RateLimit) -> Limits {
 pub fn disk_config(d: &DiskSpec) -> DiskConfig {
     DiskConfig {
         path: d.path.clone(),
+        format: d.format,
         read_only: d.read_only,
         id: d.id.clone(),
         limits: limits(&d.rate_limit),
         passed: d.passed,
+        passed_backing: d.passed_backing.clone(),
     }
 }
 

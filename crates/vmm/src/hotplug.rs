@@ -40,6 +40,35 @@ pub(crate) fn passed(inbox: Option<&Inbox>, tag: u64, what: &str) -> Result<std:
         .ok_or_else(|| Error::Devices(format!("{what}: no descriptor was passed with tag {tag}")))
 }
 
+/// A disk's chain from the descriptors the supervisor passed: link `i` is
+/// the one tagged `tags[i]`.
+struct PassedChain<'a> {
+    inbox: Option<&'a Inbox>,
+    tags: Vec<u64>,
+}
+
+impl domus_disk::Opener for PassedChain<'_> {
+    fn open(
+        &mut self,
+        path: &std::path::Path,
+        link: usize,
+        _write: bool,
+    ) -> std::result::Result<std::fs::File, domus_disk::Error> {
+        let refused = |reason: String| domus_disk::Error::Refused {
+            path: path.display().to_string(),
+            reason,
+        };
+        let tag = *self.tags.get(link).ok_or_else(|| {
+            refused(format!(
+                "no descriptor was passed for link {link} of the chain (a jailed VMM opens no files)"
+            ))
+        })?;
+        passed(self.inbox, tag, &format!("disk {}", path.display()))
+            .map(Into::into)
+            .map_err(|e| refused(e.to_string()))
+    }
+}
+
 /// How long a plug waits for the descriptor its request names.
 const PASSED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::registry::{self, DeviceSpec, Function, Plug};
@@ -77,8 +106,9 @@ pub fn build(
             let b = match d.passed {
                 None => Block::open(&d)?,
                 Some(tag) => {
-                    let what = format!("disk {}", d.path.display());
-                    Block::with_file(&d, passed(inbox, tag, &what)?.into())?
+                    let mut tags = vec![tag];
+                    tags.extend(&d.passed_backing);
+                    Block::open_with(&d, &mut PassedChain { inbox, tags })?
                 }
             };
             let (stats, limiter) = b.handles();
@@ -139,6 +169,7 @@ pub fn saved_spec(spec: &DeviceSpec, info: &serde_json::Value) -> DeviceSpec {
         DeviceSpec::Block { disk } => DeviceSpec::Block {
             disk: DiskSpec {
                 passed: None,
+                passed_backing: Vec::new(),
                 ..disk.clone()
             },
         },

@@ -183,10 +183,7 @@ pub fn parse_disk(spec: &str) -> Result<Disk, String> {
     let target = target
         .filter(|t| !t.is_empty())
         .ok_or("the disk has no target path")?;
-    match format.as_deref().unwrap_or("raw") {
-        "raw" | "" => {}
-        f => return Err(format!("format '{f}' is not supported (only raw)")),
-    }
+    let format = format.as_deref().unwrap_or("raw").parse()?;
     let vdev = vdev.ok_or("the disk has no vdev (like xvda)")?;
     let ok = vdev.len() >= 3
         && ["xvd", "hd", "sd", "vd"].iter().any(|p| {
@@ -203,6 +200,7 @@ pub fn parse_disk(spec: &str) -> Result<Disk, String> {
     };
     Ok(Disk {
         path: PathBuf::from(target),
+        format,
         vdev,
         read_only,
     })
@@ -612,7 +610,7 @@ pool = "Pool-0"
             ("vcpus = 1.5", "vcpus", 1),
             ("cpu_weight = 70000", "cpu_weight", 1),
             ("cpus = 'a-b'", "cpus", 1),
-            ("\ndisk = ['/x,qcow2,xvda,rw']", "disk", 2),
+            ("\ndisk = ['/x,vmdk,xvda,rw']", "disk", 2),
             ("disk = ['/x,raw,xvda']", "disk", 1),
             ("disk = ['/x,raw,zz0,rw']", "disk", 1),
             ("disk = ['/x,raw,xvda,rw', '/y,raw,xvda,rw']", "disk", 1),
@@ -681,10 +679,20 @@ pool = "Pool-0"
             d,
             Disk {
                 path: PathBuf::from("/srv/a,b.img"),
+                format: Default::default(),
                 vdev: "xvdb".into(),
                 read_only: true,
             }
         );
+        // xl's two ways to say qcow2.
+        for spec in [
+            "/srv/o.qcow2,qcow2,xvda,rw",
+            "format=qcow2,vdev=xvda,target=/srv/o.qcow2",
+        ] {
+            let d = parse_disk(spec).unwrap();
+            assert_eq!(d.format, domus_api::spec::DiskFormat::Qcow2, "{spec}");
+            assert_eq!(d.path, PathBuf::from("/srv/o.qcow2"));
+        }
         let mut w = Vec::new();
         let v = parse_vif(
             "mac=52:54:00:AA:bb:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s",

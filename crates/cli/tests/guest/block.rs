@@ -239,3 +239,90 @@ fn domus_run_jail_boots_a_guest_that_writes_its_disk() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+fn qemu_img(args: &[&str]) -> String {
+    let out = Command::new("qemu-img").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn qcow2_overlays_on_one_base_keep_their_own_writes_through_a_sigkill() {
+    let dir = scratch("qcow2");
+    let base = dir.join("base.raw");
+    std::fs::write(
+        &base,
+        (0..(32u32 << 20))
+            .map(|i| (i / 4096 % 251) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let base_sum = md5(&base, 32 << 20);
+    let s = |p: &std::path::Path| p.display().to_string();
+    // Overlays of qemu-img's making (Domus's own are checked against
+    // qemu-img in domus-disk's unit tests).
+    let (o1, o2) = (dir.join("o1.qcow2"), dir.join("o2.qcow2"));
+    for o in [&o1, &o2] {
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            &s(&base),
+            "-F",
+            "raw",
+            &s(o),
+        ]);
+    }
+    // Both domains run at once on the one base.
+    let mut v1 = TestVm::agent()
+        .disk(format!("{},format=qcow2", o1.display()))
+        .start();
+    let mut v2 = TestVm::agent()
+        .disk(format!("{},format=qcow2", o2.display()))
+        .start();
+    assert_eq!(v1.sh("md5sum < /dev/vda | cut -d' ' -f1"), base_sum);
+    // Domain 1 writes 8 MiB at 4 MiB (across clusters), discards 1 MiB at
+    // 16 MiB (which then reads as zeroes, not the base), and flushes (an
+    // fsync of the device: sync(1) flushes file systems, not /dev/vda).
+    v1.sh("dd if=/dev/urandom of=/tmp/d bs=1M count=8 2>/dev/null");
+    v1.sh("dd if=/tmp/d of=/dev/vda bs=1M seek=4 oflag=direct 2>/dev/null");
+    v1.sh("blkdiscard -o 16777216 -l 1048576 /dev/vda");
+    v1.sh("dd if=/dev/null of=/dev/vda conv=notrunc,fsync 2>/dev/null");
+    let sum1 = v1.sh("md5sum < /dev/vda | cut -d' ' -f1");
+    assert_eq!(
+        v1.sh("dd if=/dev/vda bs=1M skip=16 count=1 2>/dev/null | tr -d '\\0' | wc -c"),
+        "0"
+    );
+    // Domain 2 sees none of it, and writes its own.
+    assert_eq!(v2.sh("md5sum < /dev/vda | cut -d' ' -f1"), base_sum);
+    v2.sh("echo two | dd of=/dev/vda bs=512 seek=100 conv=fsync 2>/dev/null");
+    assert_eq!(v2.sh("head -c 51203 /dev/vda | tail -c 3"), "two");
+    // The VMMs die at once, after the flush: nothing is lost, and both
+    // images are consistent as qemu-img sees them.
+    drop(v1.kill());
+    drop(v2.kill());
+    for o in [&o1, &o2] {
+        qemu_img(&["check", "-q", &s(o)]);
+    }
+    let raw1 = dir.join("o1.raw");
+    qemu_img(&["convert", "-O", "raw", &s(&o1), &s(&raw1)]);
+    assert_eq!(md5(&raw1, 32 << 20), sum1, "o1 holds what domain 1 wrote");
+    assert_eq!(md5(&base, 32 << 20), base_sum, "the base is unchanged");
+    // The overlay holds only what was written: 8 MiB and metadata.
+    use std::os::unix::fs::MetadataExt;
+    let held = std::fs::metadata(&o1).unwrap().blocks() * 512;
+    assert!(held < 10 << 20, "o1 holds {held} bytes");
+    // A raw file given as qcow2 is refused at start, saying what it is.
+    let run = TestVm::new("true")
+        .disk(format!("{},format=qcow2", base.display()))
+        .run();
+    assert!(run.stderr.contains("not a qcow2 image"), "{}", run.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}

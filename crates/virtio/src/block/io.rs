@@ -1,6 +1,7 @@
-//! Carrying out parsed block requests against the image file, straight
-//! between the file and guest memory (preadv/pwritev into the guest's own
-//! pages), on the I/O pool's threads.
+//! Carrying out parsed block requests against the image, straight between
+//! the file and guest memory (preadv/pwritev into the guest's own pages for
+//! a raw disk, imago's vectored I/O over the same pages for qcow2), on the
+//! I/O pool's threads.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -27,9 +28,18 @@ pub struct Counters {
     pub throttled: AtomicU64,
 }
 
+/// How a disk's data is reached.
+pub enum Backend {
+    Raw(File),
+    Qcow2(domus_disk::Qcow2Image),
+}
+
 /// What the I/O threads share.
 pub struct Disk {
-    pub file: File,
+    pub backend: Backend,
+    /// Every file of the disk's chain, and whether its lock is shared (the
+    /// disk itself when read-only, and its backing files).
+    pub locks: Vec<(File, bool)>,
     pub read_only: bool,
     pub id: [u8; ID_BYTES],
     pub counters: Counters,
@@ -155,6 +165,61 @@ fn zero_range(file: &File, seg: &Segment) -> bool {
     true
 }
 
+/// Reads or writes a qcow2 disk; reads mark the guest pages they fill
+/// dirty (imago's guard does, as the slices are let go).
+fn qcow2_transfer(img: &domus_disk::Qcow2Image, mem: &Memory, req: &Request, write: bool) -> bool {
+    // The request's buffers (each checked to lie in one region).
+    let bufs: Option<Vec<_>> = req
+        .data
+        .iter()
+        .map(|d| mem.get_slice(GuestAddress(d.addr), d.len as usize).ok())
+        .collect();
+    let Some(bufs) = bufs else {
+        return false;
+    };
+    let at = req.sector * SECTOR_SIZE;
+    let r = if write {
+        img.write_from(&bufs, at)
+    } else {
+        img.read_into(&bufs, at)
+    };
+    if let Err(e) = &r {
+        tracing::warn!(
+            "qcow2 {} at sector {}: {e}",
+            if write { "write" } else { "read" },
+            req.sector
+        );
+    }
+    r.is_ok()
+}
+
+fn rw(disk: &Disk, mem: &Memory, req: &Request, write: bool) -> bool {
+    match &disk.backend {
+        Backend::Raw(file) => iovecs(mem, req, !write)
+            .is_some_and(|iov| transfer(file, iov, req.sector * SECTOR_SIZE, write)),
+        Backend::Qcow2(img) => qcow2_transfer(img, mem, req, write),
+    }
+}
+
+fn flush(disk: &Disk) -> bool {
+    match &disk.backend {
+        Backend::Raw(file) => file.sync_data().is_ok(),
+        Backend::Qcow2(img) => img.flush().is_ok(),
+    }
+}
+
+/// Discard and write-zeroes: the range reads as zeroes after.
+fn zero(disk: &Disk, seg: &Segment) -> bool {
+    match &disk.backend {
+        Backend::Raw(file) => zero_range(file, seg),
+        Backend::Qcow2(img) => {
+            let off = seg.sector.saturating_mul(SECTOR_SIZE);
+            let len = u64::from(seg.sectors) * SECTOR_SIZE;
+            len == 0 || img.discard(off, len).is_ok()
+        }
+    }
+}
+
 /// Carries out `req`; returns the status byte for the guest.
 pub fn execute(disk: &Disk, mem: &Memory, req: &Request) -> u8 {
     let c = &disk.counters;
@@ -162,19 +227,17 @@ pub fn execute(disk: &Disk, mem: &Memory, req: &Request) -> u8 {
         Kind::In => {
             add(&c.read_ops, 1);
             add(&c.read_bytes, req.data_len);
-            iovecs(mem, req, true)
-                .is_some_and(|iov| transfer(&disk.file, iov, req.sector * SECTOR_SIZE, false))
+            rw(disk, mem, req, false)
         }
         Kind::Out if disk.read_only => false,
         Kind::Out => {
             add(&c.write_ops, 1);
             add(&c.write_bytes, req.data_len);
-            iovecs(mem, req, false)
-                .is_some_and(|iov| transfer(&disk.file, iov, req.sector * SECTOR_SIZE, true))
+            rw(disk, mem, req, true)
         }
         Kind::Flush => {
             add(&c.flush_ops, 1);
-            disk.read_only || disk.file.sync_data().is_ok()
+            disk.read_only || flush(disk)
         }
         Kind::GetId => {
             let mut left = &disk.id[..];
@@ -192,7 +255,7 @@ pub fn execute(disk: &Disk, mem: &Memory, req: &Request) -> u8 {
             add(&c.discard_ops, 1);
             // Punched holes read as zeroes, so both requests punch holes
             // (write-zeroes without UNMAP is still correct: zeroes read back).
-            req.segments.iter().all(|s| zero_range(&disk.file, s))
+            req.segments.iter().all(|s| zero(disk, s))
         }
     };
     if ok {
@@ -227,12 +290,14 @@ mod tests {
     fn a_disk_read_marks_the_guest_pages_it_filled_dirty_and_a_write_none() {
         let path = std::env::temp_dir().join(format!("domus-io-dirty-{}.img", std::process::id()));
         std::fs::write(&path, vec![5u8; 64 << 10]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         let disk = Disk {
-            file: std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .unwrap(),
+            locks: vec![(file.try_clone().unwrap(), false)],
+            backend: Backend::Raw(file),
             read_only: false,
             id: [0; ID_BYTES],
             counters: Counters::default(),

@@ -1,4 +1,5 @@
-//! virtio-blk (type 2) on a raw image file.
+//! virtio-blk (type 2) on a raw image file or a qcow2 image (with its
+//! backing chain, opened by `domus-disk`).
 //!
 //! The device thread pops requests, parses them (`request`), applies the
 //! rate limiter and hands them to a pool of I/O threads (`io`), which
@@ -6,15 +7,15 @@
 //! thread then puts them in the used ring by descriptor id and interrupts
 //! the guest (subject to `VIRTIO_RING_F_EVENT_IDX`).
 //!
-//! Supported: read, write, flush (fdatasync before the completion),
-//! GET_ID, discard and write-zeroes (hole punching), read-only disks
-//! (`VIRTIO_BLK_F_RO`, the file opened read-only, writes fail with IOERR).
+//! Supported: read, write, flush (fdatasync before the completion; for
+//! qcow2, imago's metadata first), GET_ID, discard and write-zeroes (hole
+//! punching; discarded qcow2 clusters read as zeroes, not the backing
+//! file), read-only disks (`VIRTIO_BLK_F_RO`, the file opened read-only,
+//! writes fail with IOERR).
 
 pub mod io;
 pub mod request;
 
-use std::fs::OpenOptions;
-use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -31,8 +32,9 @@ use vmm_sys_util::timerfd::TimerFd;
 use crate::epoll::Poller;
 use crate::ratelimit::{Limits, Shared};
 use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
+use domus_disk::{ByPath, Format, Opener, Qcow2Image};
 pub use io::Counters;
-use io::Disk;
+use io::{Backend, Disk};
 use request::{Desc, Request, ID_BYTES, SECTOR_SIZE};
 
 const QUEUE_SIZE: u16 = 256;
@@ -52,18 +54,24 @@ const F_WRITE_ZEROES: u64 = 1 << vb::VIRTIO_BLK_F_WRITE_ZEROES;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiskConfig {
     pub path: PathBuf,
+    pub format: Format,
     pub read_only: bool,
     pub id: Option<String>,
     pub limits: Limits,
     /// The tag of a descriptor the supervisor passed for `path` (a jailed
-    /// VMM cannot open it): see [`Block::with_file`].
+    /// VMM cannot open it): see [`Block::open_with`].
     pub passed: Option<u64>,
+    /// The tags of the descriptors passed for a qcow2 disk's backing files,
+    /// in chain order.
+    pub passed_backing: Vec<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("disk {path}: {reason}")]
     Open { path: String, reason: String },
+    #[error("disk {0}")]
+    Image(#[from] domus_disk::Error),
     #[error("disk {path}: is in use by another domain (locked)")]
     Locked { path: String },
     #[error("disk {path}: is empty (a disk needs at least one 512-byte sector)")]
@@ -90,7 +98,7 @@ fn disk_id(path: &Path, id: Option<&str>) -> [u8; ID_BYTES] {
     b
 }
 
-/// Locks a disk's image: shared if read-only, else exclusive; false if
+/// Locks one file of a disk: shared if read-only, else exclusive; false if
 /// another process holds a lock that conflicts.
 fn lock_image(file: &std::fs::File, read_only: bool) -> bool {
     let op = if read_only {
@@ -103,39 +111,52 @@ fn lock_image(file: &std::fs::File, read_only: bool) -> bool {
 }
 
 impl Block {
-    /// Opens the image (read-only if asked) and locks it: shared for
-    /// read-only disks, exclusive otherwise, so two domains never write
-    /// one image.
+    /// Opens the image (read-only if asked) with its backing chain and
+    /// locks it: the disk shared for read-only disks and exclusive
+    /// otherwise, so two domains never write one image; backing files
+    /// shared, so nobody writes a base while overlays read it.
     pub fn open(cfg: &DiskConfig) -> Result<Self, OpenError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!cfg.read_only)
-            .open(&cfg.path)
-            .map_err(|e| OpenError::Open {
-                path: cfg.path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        Self::with_file(cfg, file)
+        Self::open_with(cfg, &mut ByPath)
     }
 
-    /// The disk on `file`, opened by the caller as `cfg` asks (a jailed
-    /// VMM is handed the descriptor), locked as [`Block::open`] does.
-    pub fn with_file(cfg: &DiskConfig, mut file: std::fs::File) -> Result<Self, OpenError> {
+    /// The disk, its files opened through `opener` (a jailed VMM takes the
+    /// descriptors it was passed), locked as [`Block::open`] does.
+    pub fn open_with(cfg: &DiskConfig, opener: &mut dyn Opener) -> Result<Self, OpenError> {
         let path = cfg.path.display().to_string();
-        if !lock_image(&file, cfg.read_only) {
-            return Err(OpenError::Locked { path });
+        let chain = domus_disk::open(&cfg.path, cfg.format, !cfg.read_only, opener)?;
+        let locks: Vec<(std::fs::File, bool)> = chain
+            .links
+            .into_iter()
+            .map(|l| (l.file, !l.write))
+            .collect();
+        for (i, (f, shared)) in locks.iter().enumerate() {
+            if !lock_image(f, *shared) {
+                let path = if i == 0 {
+                    path
+                } else {
+                    format!("{path}'s backing file (link {i} of its chain)")
+                };
+                return Err(OpenError::Locked { path });
+            }
         }
-        let size = file.seek(SeekFrom::End(0)).map_err(|e| OpenError::Open {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let capacity = size / SECTOR_SIZE;
+        let capacity = chain.size / SECTOR_SIZE;
         if capacity == 0 {
             return Err(OpenError::Empty { path });
         }
+        let backend = match chain.image {
+            None => {
+                let f = locks[0].0.try_clone().map_err(|e| OpenError::Open {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                Backend::Raw(f)
+            }
+            Some(i) => Backend::Qcow2(Qcow2Image::new(i, &locks[0].0)),
+        };
         Ok(Self {
             disk: Arc::new(Disk {
-                file,
+                backend,
+                locks,
                 read_only: cfg.read_only,
                 id: disk_id(&cfg.path, cfg.id.as_deref()),
                 counters: Counters::default(),
@@ -250,12 +271,19 @@ impl VirtioDevice for Block {
     }
 
     fn release_host(&mut self) {
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        unsafe { libc::flock(self.disk.file.as_raw_fd(), libc::LOCK_UN) };
+        for (f, _) in &self.disk.locks {
+            // SAFETY: flock on a descriptor we own; no memory is involved.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+        }
     }
 
     fn reclaim_host(&mut self) -> Result<(), String> {
-        if lock_image(&self.disk.file, self.disk.read_only) {
+        if self
+            .disk
+            .locks
+            .iter()
+            .all(|(f, shared)| lock_image(f, *shared))
+        {
             Ok(())
         } else {
             Err("its image is locked by another process now".into())
