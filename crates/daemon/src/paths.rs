@@ -51,7 +51,8 @@ impl Files {
 
     /// A disk's files: the disk and, for qcow2, every file of its backing
     /// chain, each checked as [`Files::check`] does (read from their
-    /// headers, opened read-only, under `domus_disk`'s rules on chains).
+    /// headers by Domus's own parser, opened read-only, under
+    /// `domus_disk`'s rules on chains; imago does not run in the daemon).
     /// Returns the chain's paths, the disk first.
     pub fn check_disk(&self, what: &str, d: &Disk) -> Result<Vec<PathBuf>> {
         self.check(what, &d.path)?;
@@ -63,8 +64,8 @@ impl Files {
             what,
             refused: None,
         };
-        match domus_disk::open(&d.path, d.format, false, &mut opener) {
-            Ok(c) => Ok(c.links.into_iter().map(|l| l.path).collect()),
+        match domus_disk::links(&d.path, d.format, &mut opener) {
+            Ok(links) => Ok(links.into_iter().map(|l| l.path).collect()),
             Err(e) => Err(opener
                 .refused
                 .take()

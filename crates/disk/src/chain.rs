@@ -9,6 +9,7 @@ use imago::qcow2::Qcow2;
 use imago::raw::Raw;
 use imago::{FormatAccess, StorageOpenOptions};
 
+use crate::header::Header;
 use crate::{is_qcow2, Error, Format, Opener, MAX_CHAIN};
 
 type Storage = imago::file::File;
@@ -54,7 +55,7 @@ pub fn open(
     opener: &mut dyn Opener,
 ) -> Result<Chain, Error> {
     let mut links = Vec::new();
-    let image = open_link(path, format, write, opener, &mut links)?;
+    let image = open_link(path, format, write, opener, &mut links, true)?;
     let size = match &image {
         Some(i) => i.size(),
         None => links[0]
@@ -66,18 +67,43 @@ pub fn open(
     Ok(Chain { links, size, image })
 }
 
+/// The files of a disk's chain, the disk first, read from their headers
+/// alone (Domus's own parser: imago does not run), opened read-only and
+/// checked as [`open`] checks them: what a supervisor checks against its
+/// allow-list before it hands the disk to a VMM.
+pub fn links(path: &Path, format: Format, opener: &mut dyn Opener) -> Result<Vec<Link>, Error> {
+    let mut links = Vec::new();
+    open_link(path, format, false, opener, &mut links, false)?;
+    Ok(links)
+}
+
+/// The header of a qcow2 file, checked.
+pub fn header(file: &File, path: &Path) -> Result<Header, Error> {
+    if !is_qcow2(file).map_err(|e| Error::io(path, e))? {
+        return Err(Error::NotQcow2 {
+            path: path.display().to_string(),
+        });
+    }
+    Header::read(file).map_err(|reason| Error::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
 fn dup(file: &File, path: &Path) -> Result<File, Error> {
     file.try_clone().map_err(|e| Error::io(path, e))
 }
 
-/// Opens link `links.len()` and everything under it; `None` for a raw disk
-/// at the top (served as a plain file).
+/// Opens link `links.len()` and everything under it; with `imago`, the
+/// image to read and write it through (`None` for a raw disk at the top,
+/// served as a plain file, and always without `imago`).
 fn open_link(
     path: &Path,
     format: Format,
     write: bool,
     opener: &mut dyn Opener,
     links: &mut Vec<Link>,
+    imago: bool,
 ) -> Result<Option<FormatAccess<Storage>>, Error> {
     let shown = || path.display().to_string();
     let depth = links.len();
@@ -104,6 +130,47 @@ fn open_link(
         file: dup(&file, path)?,
         write,
     });
+    let corrupt = |reason: String| Error::Corrupt {
+        path: shown(),
+        reason,
+    };
+    let header = match format {
+        Format::Raw => None,
+        Format::Qcow2 => {
+            let h = header(&file, path)?;
+            if h.data_file {
+                return Err(Error::DataFile { path: shown() });
+            }
+            if write {
+                h.check_refcounts(&file).map_err(corrupt)?;
+            }
+            Some(h)
+        }
+    };
+    // The backing file first: a bad chain is refused before imago runs.
+    let backing = match header.as_ref().and_then(|h| h.backing_file.clone()) {
+        None => None,
+        Some(name) => {
+            let h = header.as_ref().expect("a backing file comes from a header");
+            let bformat = match h.backing_format.as_deref() {
+                None => {
+                    return Err(Error::NoBackingFormat {
+                        path: shown(),
+                        backing: name,
+                    })
+                }
+                Some(f) => f.parse::<Format>().map_err(|_| Error::BackingFormat {
+                    path: shown(),
+                    format: f.to_string(),
+                })?,
+            };
+            let bpath = backing_path(path, &name);
+            open_link(&bpath, bformat, false, opener, links, imago)?
+        }
+    };
+    if !imago {
+        return Ok(None);
+    }
     let opts = StorageOpenOptions::new().write(write).filename(path);
     let storage = Storage::from_open_file(file, opts).map_err(|e| Error::io(path, e))?;
     match format {
@@ -113,39 +180,9 @@ fn open_link(
             Ok(Some(FormatAccess::new(raw)))
         }
         Format::Qcow2 => {
-            if !is_qcow2(&links[depth].file).map_err(|e| Error::io(path, e))? {
-                return Err(Error::NotQcow2 { path: shown() });
-            }
-            let corrupt = |e: std::io::Error| Error::Corrupt {
-                path: shown(),
-                reason: e.to_string(),
-            };
-            let mut q: Qcow2<Storage> = Qcow2::open_image(storage, write).map_err(corrupt)?;
-            if q.requires_external_data_file() {
-                return Err(Error::DataFile { path: shown() });
-            }
+            let mut q: Qcow2<Storage> =
+                Qcow2::open_image(storage, write).map_err(|e| corrupt(e.to_string()))?;
             q.set_data_file(None);
-            let backing = match q.implicit_backing_file() {
-                None => None,
-                Some(name) => {
-                    let name = name.clone();
-                    let bformat = match q.implicit_backing_format().map(String::as_str) {
-                        None => {
-                            return Err(Error::NoBackingFormat {
-                                path: shown(),
-                                backing: name,
-                            })
-                        }
-                        Some(f) => f.parse::<Format>().map_err(|_| Error::BackingFormat {
-                            path: shown(),
-                            format: f.to_string(),
-                        })?,
-                    };
-                    let bpath = backing_path(path, &name);
-                    let b = open_link(&bpath, bformat, false, opener, links)?;
-                    Some(b.expect("a backing link is never the top"))
-                }
-            };
             q.set_backing(backing);
             Ok(Some(FormatAccess::new(q)))
         }

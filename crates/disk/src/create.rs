@@ -18,6 +18,9 @@ pub struct CreateOptions {
     /// recorded in the header with its format (an absolute path is recorded
     /// as given; a relative one is taken from the new image's directory).
     pub backing: Option<(PathBuf, Format)>,
+    /// Bytes per cluster, a power of two from 512 to 2 MiB (default
+    /// 64 KiB, as qemu-img's).
+    pub cluster_size: Option<usize>,
 }
 
 impl CreateOptions {
@@ -26,6 +29,7 @@ impl CreateOptions {
         CreateOptions {
             size,
             backing: None,
+            cluster_size: None,
         }
     }
 
@@ -34,6 +38,7 @@ impl CreateOptions {
         CreateOptions {
             size,
             backing: Some((base.to_path_buf(), format)),
+            cluster_size: None,
         }
     }
 }
@@ -53,6 +58,9 @@ pub fn create(path: &Path, opts: &CreateOptions) -> Result<(), Error> {
     )
     .map_err(io)?;
     let mut b = Qcow2::<Storage>::create_builder(storage).size(opts.size);
+    if let Some(c) = opts.cluster_size {
+        b = b.cluster_size(c);
+    }
     if let Some((base, format)) = &opts.backing {
         let name = base.to_str().ok_or_else(|| Error::Refused {
             path: base.display().to_string(),

@@ -31,8 +31,9 @@ pub struct Qcow2Image {
     /// log2 of the guest bytes one L1 entry maps.
     l1_shift: u32,
     /// The L1 entries written into since this image was opened, and their
-    /// metadata written out after it (see the module's documentation).
-    touched: Mutex<Vec<bool>>,
+    /// metadata written out after it (see the module's documentation); a
+    /// set, as the disk's size is the header's word.
+    touched: Mutex<std::collections::HashSet<u64>>,
 }
 
 fn poisoned() -> io::Error {
@@ -52,13 +53,11 @@ impl Qcow2Image {
             Err(_) => 9,
         };
         // An L2 table is one cluster of 8-byte entries, each a cluster.
-        let l1_shift = bits + bits - 3;
-        let entries = (size >> l1_shift) as usize + 1;
         Qcow2Image {
             access: RwLock::new(access),
             size,
-            l1_shift,
-            touched: Mutex::new(vec![false; entries]),
+            l1_shift: bits + bits - 3,
+            touched: Mutex::new(Default::default()),
         }
     }
 
@@ -68,17 +67,14 @@ impl Qcow2Image {
         if len == 0 {
             return Ok(());
         }
-        let first = (offset >> self.l1_shift) as usize;
-        let last = ((offset + len - 1) >> self.l1_shift) as usize;
+        // `check` kept offset + len within the disk.
+        let range = (offset >> self.l1_shift)..=((offset + len - 1) >> self.l1_shift);
         let mut t = self.touched.lock().map_err(|_| poisoned())?;
-        let Some(range) = t.get_mut(first..=last) else {
-            return Ok(());
-        };
-        if range.iter().all(|x| *x) {
+        if range.clone().all(|i| t.contains(&i)) {
             return Ok(());
         }
         self.access.read().map_err(|_| poisoned())?.flush()?;
-        range.fill(true);
+        t.extend(range);
         Ok(())
     }
 

@@ -14,20 +14,26 @@
 //!   already holds (compared by device and inode);
 //! * external data files are refused.
 //!
-//! [`Qcow2Image`] serves a qcow2 disk to several I/O threads at once;
-//! [`create`] makes new images and copy-on-write overlays.
+//! Headers are read by Domus's own parser ([`Header`]) before imago sees a
+//! file; [`links`] walks a chain on headers alone, so a supervisor checks a
+//! chain without running imago in its process. [`Qcow2Image`] serves a
+//! qcow2 disk to several I/O threads at once; [`create`] makes new images
+//! and copy-on-write overlays.
 
 mod chain;
 mod create;
+pub mod fuzz;
+mod header;
 mod image;
 
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 
-pub use chain::{open, Chain, Link};
+pub use chain::{header, links, open, Chain, Link};
 pub use create::{create, CreateOptions};
+pub use header::Header;
 pub use image::Qcow2Image;
 
 /// The deepest backing chain Domus opens, counting the disk itself.
@@ -157,30 +163,18 @@ pub fn grows_to(path: &Path, format: Format) -> u64 {
             .ok()
             .filter(std::fs::Metadata::is_file)
             .map_or(0, |m| m.len()),
-        Format::Qcow2 => open(path, Format::Qcow2, false, &mut ByPath)
-            .map(|c| c.size.saturating_add(c.size / 256).saturating_add(64 << 20))
-            .unwrap_or(0),
+        Format::Qcow2 => std::fs::File::open(path)
+            .ok()
+            .and_then(|f| header(&f, path).ok())
+            .map_or(0, |h| {
+                h.size.saturating_add(h.size / 256).saturating_add(64 << 20)
+            }),
     }
-}
-
-/// The paths of a disk's backing chain, the disk first, each checked as
-/// [`open`] checks it (read-only): what a supervisor checks against its
-/// allow-list before it hands the disk to a VMM.
-pub fn chain_paths(
-    path: &Path,
-    format: Format,
-    opener: &mut dyn Opener,
-) -> Result<Vec<PathBuf>, Error> {
-    Ok(open(path, format, false, opener)?
-        .links
-        .into_iter()
-        .map(|l| l.path)
-        .collect())
 }
 
 /// A fresh scratch directory for a unit test.
 #[cfg(test)]
-fn test_dir(name: &str) -> PathBuf {
+fn test_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("domus-disk-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();

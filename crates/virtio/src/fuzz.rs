@@ -227,7 +227,8 @@ pub fn balloon_queue(data: &[u8]) {
         .expect("memory still mapped");
 }
 
-/// Seed inputs: well-formed requests of each kind, direct and indirect.
+/// Seed inputs: well-formed requests of each kind, direct and indirect,
+/// and a small qcow2 image.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     let desc =
@@ -313,6 +314,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     desc(&mut m, 0, 0, 0x3000, 16, 0, 0);
     m[0x1002..0x1004].copy_from_slice(&1u16.to_le_bytes());
     out.push(("balloon-inflate".into(), m));
+    out.push(("qcow2-image".into(), domus_disk::fuzz::seed()));
     out
 }
 
@@ -323,6 +325,11 @@ mod tests {
     #[test]
     fn seeds_run_and_complete() {
         for (name, s) in seeds() {
+            if name.starts_with("qcow2") {
+                assert!(s.starts_with(b"QFI\xfb"), "the qcow2 seed is an image");
+                domus_disk::fuzz::qcow2(&s);
+                continue;
+            }
             let blk = !name.starts_with("net") && !name.starts_with("balloon");
             assert_eq!(blk_queue_ok(&s), usize::from(blk), "seed {name}");
             rng_queue(&s);

@@ -1,9 +1,10 @@
-//! `domus-fuzz`: runs the virtio fuzz targets (`domus_virtio::fuzz`) over a
+//! `domus-fuzz`: runs the virtio fuzz targets (`domus_virtio::fuzz`) and
+//! the qcow2 image target (`domus_disk::fuzz`) over a
 //! corpus directory and then over random mutations of it until the time is
 //! up. A panic aborts the run after saving the input as `crash-<target>-*`
 //! in the current directory.
 //!
-//!   domus-fuzz [--seconds N] [--write-seeds] CORPUS_DIR
+//!   domus-fuzz [--seconds N] [--only TARGET] [--trace FILE] [--write-seeds] CORPUS_DIR
 //!
 //! This is a mutation fuzzer without coverage feedback (stable Rust, no
 //! libFuzzer); the corpus holds well-formed requests of every kind.
@@ -16,6 +17,9 @@ use domus_virtio::fuzz::{self, Rng};
 
 thread_local! {
     static CURRENT: RefCell<(&'static str, Vec<u8>)> = const { RefCell::new(("", Vec::new())) };
+    /// `--trace FILE`: each input is written there before it runs, for what
+    /// the panic hook cannot save (a stack overflow, a failed allocation).
+    static TRACE: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
 }
 
 /// A named fuzz target.
@@ -69,6 +73,11 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
 
 fn run(target: &'static str, f: fn(&[u8]), input: &[u8]) {
     CURRENT.with(|c| *c.borrow_mut() = (target, input.to_vec()));
+    TRACE.with(|t| {
+        if let Some(p) = &*t.borrow() {
+            let _ = std::fs::write(p, input);
+        }
+    });
     f(input);
 }
 
@@ -76,16 +85,19 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut seconds = 10u64;
     let mut write_seeds = false;
+    let mut only = None;
     let mut dir = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--seconds" => seconds = args.next().and_then(|s| s.parse().ok()).unwrap_or(10),
             "--write-seeds" => write_seeds = true,
+            "--only" => only = args.next(),
+            "--trace" => TRACE.with(|t| *t.borrow_mut() = args.next().map(PathBuf::from)),
             _ => dir = Some(PathBuf::from(a)),
         }
     }
     let Some(dir) = dir else {
-        eprintln!("usage: domus-fuzz [--seconds N] [--write-seeds] CORPUS_DIR");
+        eprintln!("usage: domus-fuzz [--seconds N] [--only TARGET] [--trace FILE] [--write-seeds] CORPUS_DIR");
         std::process::exit(2);
     };
     if write_seeds {
@@ -117,15 +129,24 @@ fn main() {
     if corpus.is_empty() {
         corpus = fuzz::seeds().into_iter().map(|(_, d)| d).collect();
     }
-    let targets: [Target; 5] = [
+    let all: [Target; 6] = [
         ("blk", fuzz::blk_queue),
         ("rng", fuzz::rng_queue),
         ("net-tx", fuzz::net_tx),
         ("net-rx", fuzz::net_rx),
         ("balloon", fuzz::balloon_queue),
+        ("qcow2", domus_disk::fuzz::qcow2),
     ];
+    let targets: Vec<Target> = all
+        .into_iter()
+        .filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n))
+        .collect();
+    if targets.is_empty() {
+        eprintln!("domus-fuzz: no target {only:?}");
+        std::process::exit(2);
+    }
     for input in &corpus {
-        for (name, f) in targets {
+        for &(name, f) in &targets {
             run(name, f, input);
         }
     }
