@@ -6,7 +6,10 @@
 //! names the file, the line and the key. `key=value` overrides from the
 //! command line are applied on top, as `xl create` does.
 
+mod specs;
 pub mod syntax;
+
+pub use specs::{parse_cpulist, parse_disk, parse_rate, parse_vif};
 
 use std::path::PathBuf;
 
@@ -103,30 +106,6 @@ fn strings(s: &Setting) -> Result<Vec<String>, String> {
     }
 }
 
-/// A host CPU list: "3", "0-3", "0-3,6,^2" is not supported; "all".
-pub fn parse_cpulist(s: &str) -> Result<Vec<u32>, String> {
-    if s == "all" {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        let (a, b): (u32, u32) = match (a.parse(), b.parse()) {
-            (Ok(a), Ok(b)) if a <= b && b < 4096 => (a, b),
-            _ => {
-                return Err(format!(
-                    "'{part}' is not a CPU or a range of CPUs (like 0-3)"
-                ))
-            }
-        };
-        out.extend(a..=b);
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
-}
-
 fn action(s: &Setting) -> Result<Action, String> {
     match string(s)?.as_str() {
         "destroy" => Ok(Action::Destroy),
@@ -137,142 +116,6 @@ fn action(s: &Setting) -> Result<Action, String> {
         }
         o => Err(format!("'{o}' is not destroy, restart or preserve")),
     }
-}
-
-/// xl's disk spec: positional `target,format,vdev,access` or
-/// `key=value` pairs (`target=` last, as it may hold commas).
-pub fn parse_disk(spec: &str) -> Result<Disk, String> {
-    let (mut target, mut format, mut vdev, mut access) = (None, None, None, None);
-    if spec.contains('=') {
-        let mut rest = spec;
-        while !rest.is_empty() {
-            let (item, next) = if rest.trim_start().starts_with("target=") {
-                (rest, "")
-            } else {
-                rest.split_once(',').unwrap_or((rest, ""))
-            };
-            rest = next;
-            let item = item.trim();
-            if item.is_empty() {
-                continue;
-            }
-            let (k, v) = item
-                .split_once('=')
-                .ok_or_else(|| format!("'{item}' is not key=value"))?;
-            match k.trim() {
-                "target" => target = Some(v.to_string()),
-                "format" => format = Some(v.trim().to_string()),
-                "vdev" => vdev = Some(v.trim().to_string()),
-                "access" => access = Some(v.trim().to_string()),
-                "devtype" | "backendtype" | "script" => {}
-                k => return Err(format!("unknown disk key '{k}'")),
-            }
-        }
-    } else {
-        let p: Vec<&str> = spec.split(',').map(str::trim).collect();
-        if p.len() != 4 {
-            return Err(format!(
-                "'{spec}' is not PATH,FORMAT,VDEV,ACCESS (or key=value pairs)"
-            ));
-        }
-        target = Some(p[0].to_string());
-        format = Some(p[1].to_string());
-        vdev = Some(p[2].to_string());
-        access = Some(p[3].to_string());
-    }
-    let target = target
-        .filter(|t| !t.is_empty())
-        .ok_or("the disk has no target path")?;
-    let format = format.as_deref().unwrap_or("raw").parse()?;
-    let vdev = vdev.ok_or("the disk has no vdev (like xvda)")?;
-    let ok = vdev.len() >= 3
-        && ["xvd", "hd", "sd", "vd"].iter().any(|p| {
-            vdev.strip_prefix(p)
-                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase()))
-        });
-    if !ok {
-        return Err(format!("vdev '{vdev}' is not like xvda, hda, sda or vda"));
-    }
-    let read_only = match access.as_deref().unwrap_or("rw") {
-        "rw" | "w" | "" => false,
-        "ro" | "r" => true,
-        a => return Err(format!("access '{a}' is not rw or ro")),
-    };
-    Ok(Disk {
-        path: PathBuf::from(target),
-        format,
-        vdev,
-        read_only,
-    })
-}
-
-/// xl's rate: `10MB/s`, `100Mb/s` (bits), `1GB/s`, with an optional
-/// `@INTERVAL` that is ignored; K, M, G are powers of 1000. Bytes/s.
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let r = s.split('@').next().unwrap_or("").trim();
-    let r = r
-        .strip_suffix("/s")
-        .ok_or_else(|| format!("rate '{s}' does not end in /s (like 10MB/s)"))?;
-    let (num, unit) = r.split_at(r.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(r.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("rate '{s}' does not start with a whole number"))?;
-    let (mult, bits) = match unit {
-        "B" => (1, false),
-        "KB" => (1_000, false),
-        "MB" => (1_000_000, false),
-        "GB" => (1_000_000_000, false),
-        "b" => (1, true),
-        "Kb" => (1_000, true),
-        "Mb" => (1_000_000, true),
-        "Gb" => (1_000_000_000, true),
-        u => {
-            return Err(format!(
-                "rate unit '{u}' is not B, KB, MB, GB, b, Kb, Mb or Gb"
-            ))
-        }
-    };
-    let v = n.checked_mul(mult).ok_or("rate too large")?;
-    Ok(if bits { v / 8 } else { v })
-}
-
-/// xl's vif spec: `key=value` pairs (mac, bridge, ip, rate; others are
-/// ignored with a warning).
-pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> {
-    let mut v = Vif::default();
-    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let (k, val) = item
-            .split_once('=')
-            .ok_or_else(|| format!("'{item}' is not key=value"))?;
-        let val = val.trim();
-        match k.trim() {
-            "mac" => {
-                let ok = val.split(':').count() == 6
-                    && val
-                        .split(':')
-                        .all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok());
-                if !ok {
-                    return Err(format!("mac '{val}' is not six hex pairs"));
-                }
-                v.mac = Some(val.to_lowercase());
-            }
-            "bridge" => {
-                if val.is_empty() || val.len() > 15 {
-                    return Err(format!("bridge '{val}' is not a network interface name"));
-                }
-                v.bridge = Some(val.to_string());
-            }
-            "ip" => {
-                if val.parse::<std::net::IpAddr>().is_err() {
-                    return Err(format!("ip '{val}' is not an IP address"));
-                }
-                v.ip = Some(val.to_string());
-            }
-            "rate" => v.rate = Some(parse_rate(val)?),
-            k => warnings.push(format!("vif key '{k}' is ignored")),
-        }
-    }
-    Ok(v)
 }
 
 /// The settings of `text` (from `file`) with `overrides` (`KEY=VALUE`,
@@ -656,58 +499,5 @@ pool = "Pool-0"
             load("t.cfg", "name='x' x", &[]),
             Err(ConfigError::Syntax { line: 1, .. })
         ));
-    }
-
-    #[test]
-    fn rates_and_cpulists() {
-        assert_eq!(parse_rate("10MB/s"), Ok(10_000_000));
-        assert_eq!(parse_rate("100Mb/s@20ms"), Ok(12_500_000));
-        assert_eq!(parse_rate("5B/s"), Ok(5));
-        assert!(parse_rate("10MB").is_err());
-        assert!(parse_rate("10XB/s").is_err());
-        assert!(parse_rate("99999999999999999999GB/s").is_err());
-        assert_eq!(parse_cpulist("0-2,5,1"), Ok(vec![0, 1, 2, 5]));
-        assert_eq!(parse_cpulist("all"), Ok(vec![]));
-        assert!(parse_cpulist("3-1").is_err());
-        assert!(parse_cpulist("").is_err());
-    }
-
-    #[test]
-    fn disk_and_vif_specs_become_records() {
-        let d = parse_disk("vdev=xvdb,access=ro,target=/srv/a,b.img").unwrap();
-        assert_eq!(
-            d,
-            Disk {
-                path: PathBuf::from("/srv/a,b.img"),
-                format: Default::default(),
-                vdev: "xvdb".into(),
-                read_only: true,
-            }
-        );
-        // xl's two ways to say qcow2.
-        for spec in [
-            "/srv/o.qcow2,qcow2,xvda,rw",
-            "format=qcow2,vdev=xvda,target=/srv/o.qcow2",
-        ] {
-            let d = parse_disk(spec).unwrap();
-            assert_eq!(d.format, domus_api::spec::DiskFormat::Qcow2, "{spec}");
-            assert_eq!(d.path, PathBuf::from("/srv/o.qcow2"));
-        }
-        let mut w = Vec::new();
-        let v = parse_vif(
-            "mac=52:54:00:AA:bb:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s",
-            &mut w,
-        )
-        .unwrap();
-        assert_eq!(
-            v,
-            Vif {
-                mac: Some("52:54:00:aa:bb:01".into()),
-                bridge: Some("br0".into()),
-                ip: Some("10.0.0.2".into()),
-                rate: Some(1_250_000),
-            }
-        );
-        assert!(w.is_empty());
     }
 }

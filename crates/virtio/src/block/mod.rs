@@ -238,8 +238,14 @@ impl VirtioDevice for Block {
             let (rx, tx) = (job_rx.clone(), done_tx.clone());
             let (disk, mem) = (self.disk.clone(), a.mem.clone());
             let evt = done_evt.try_clone()?;
+            // imago's allocator recurses (a refcount block for a refcount
+            // block...): qcow2's I/O threads get more stack than raw's.
+            let stack = match self.disk.backend {
+                Backend::Raw(_) => 256 << 10,
+                Backend::Qcow2(_) => 2 << 20,
+            };
             workers.push(
-                crate::spawn_thread(format!("blk-io{i}"), 256 << 10, move || {
+                crate::spawn_thread(format!("blk-io{i}"), stack, move || {
                     io_worker(&disk, &mem, &rx, &tx, &evt)
                 })
                 .map_err(ActivateError::Thread)?,
