@@ -91,14 +91,18 @@ pub struct DomainConfig {
     pub on_poweroff: Action,
     pub on_reboot: Action,
     pub on_crash: Action,
+    /// `image = "NAME"`: booted from an image of `domus image build`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<crate::image::ImageUse>,
 }
 
 impl DomainConfig {
     /// Makes the kernel's, the ramdisk's and the disks' paths absolute,
     /// relative to `dir` (where the configuration file is).
     pub fn make_absolute(&mut self, dir: &Path) {
+        // An empty kernel is one an image gives later.
         let abs = |p: &mut PathBuf| {
-            if p.is_relative() {
+            if p.is_relative() && !p.as_os_str().is_empty() {
                 *p = dir.join(&*p);
             }
         };
@@ -166,6 +170,7 @@ mod tests {
             on_poweroff: Action::Destroy,
             on_reboot: Action::Restart,
             on_crash: Action::Preserve,
+            image: None,
         }
     }
 

@@ -24,6 +24,7 @@
 pub mod client;
 pub mod daemon;
 pub mod domain;
+pub mod image;
 pub mod migration;
 pub mod openapi;
 pub mod snapshot;

@@ -51,6 +51,8 @@ enum Command {
     Run(RunArgs),
     /// Build the default guest (kernel, initramfs, rootfs) from Debian's packages.
     Kit(KitArgs),
+    /// Bootable Debian images for `image = "NAME"` domains: build, list, rm.
+    Image(xl::ImageArgs),
     /// Tell whether /dev/kvm runs guest kernel code at hardware speed (exit 0 if so).
     #[command(name = "kvm-probe", hide = true)]
     KvmProbe,
@@ -560,6 +562,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(a) => run(a),
         Command::Kit(a) => kit(a),
+        Command::Image(a) => xl::image(a),
         Command::KvmProbe => kvm_probe(),
         Command::Daemon(a) => xl::daemon(a),
         Command::Create(a) => xl::create(a),

@@ -342,6 +342,7 @@ mod tests {
             on_poweroff: domus_api::domain::Action::Destroy,
             on_reboot: domus_api::domain::Action::Restart,
             on_crash: domus_api::domain::Action::Destroy,
+            image: None,
         }
     }
 

@@ -33,6 +33,7 @@ mod devices;
 #[cfg(test)]
 mod fakes;
 mod host;
+mod images;
 mod jail;
 mod lifecycle;
 mod migrate;
@@ -75,6 +76,13 @@ use supervise::Live;
 pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
     arg.or_else(|| std::env::var_os("DOMUS_STATE_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("/var/lib/domus"))
+}
+
+/// Where the daemon keeps the disks it makes for domains booted from an
+/// image (their overlays and cloud-init seeds); it serves them as it
+/// serves image directories.
+pub fn overlay_dir(state: &Path) -> PathBuf {
+    state.join("overlays")
 }
 
 pub fn socket_path(state: &Path) -> PathBuf {

@@ -16,7 +16,7 @@ use crate::cgroup::VMM_ALLOWANCE_MIB;
 use crate::host::{alive, host_memory_mib, start_time};
 use crate::supervise::{exit_file_status, Live, Request};
 use crate::watch;
-use crate::{db, domain_dir, limits, lock, vmm_error, Daemon, Error, Result};
+use crate::{db, domain_dir, limits, lock, overlay_dir, vmm_error, Daemon, Error, Result};
 
 impl Daemon {
     pub(crate) fn recover(&self) -> Result<()> {
@@ -168,7 +168,33 @@ impl Daemon {
         }
         let mut loaded = domus_xlcfg::load(file, text, overrides)?;
         loaded.config.make_absolute(Path::new(dir));
-        self.create_config(&loaded.config, loaded.warnings, Start::Boot)
+        if loaded.config.image.is_none() {
+            return self.create_config(&loaded.config, loaded.warnings, Start::Boot);
+        }
+        // A name in use is refused before its disks are made.
+        refuse_taken(&lock(&self.db).all()?, &loaded.config)?;
+        let kept = overlay_dir(&self.state)
+            .join(format!("{}.qcow2", loaded.config.name))
+            .exists();
+        self.use_image(&mut loaded.config)?;
+        let r = self.create_config(&loaded.config, loaded.warnings, Start::Boot);
+        if r.is_err() {
+            let mut c = loaded.config.clone();
+            if let Some(u) = c.image.as_mut() {
+                u.keep |= kept;
+            }
+            self.drop_image_disks(&db::Row {
+                id: 0,
+                name: c.name.clone(),
+                config: c,
+                pid: None,
+                start_time: None,
+                state: State::Creating,
+                restarts: 0,
+                memory_mib: 0,
+            });
+        }
+        r
     }
 
     /// Creates and starts domain `c`: booted, restored from a snapshot, or
@@ -473,6 +499,12 @@ impl Daemon {
     /// Destroys a domain at once (xl destroy): kills its VMM, releases
     /// everything.
     pub fn destroy(&self, dom: &str) -> Result<()> {
+        self.destroy_keeping(dom, false)
+    }
+
+    /// [`Daemon::destroy`]; with `keep_disks` (a save: the snapshot uses
+    /// them), the disks made for an image domain stay.
+    pub(crate) fn destroy_keeping(&self, dom: &str, keep_disks: bool) -> Result<()> {
         let _guard = lock(&self.lifecycle);
         let r = self.find(dom)?;
         lock(&self.db).set_state(r.id, State::Destroying)?;
@@ -493,6 +525,9 @@ impl Daemon {
                     }
                 }
             }
+        }
+        if !keep_disks {
+            self.drop_image_disks(&r);
         }
         self.cleanup(&r)?;
         self.log_domain(&r.name, false, &format!("destroyed domain {}", r.name));

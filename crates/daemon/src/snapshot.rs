@@ -125,7 +125,7 @@ impl Daemon {
                 l.paused = true;
             }
         } else {
-            self.destroy(&r.id.to_string())?;
+            self.destroy_keeping(&r.id.to_string(), true)?;
         }
         self.log_domain(
             &r.name,

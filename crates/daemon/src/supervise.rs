@@ -207,7 +207,13 @@ impl Daemon {
             self.log_crash_evidence(r);
         }
         match next {
-            Next::Remove => self.cleanup(r),
+            Next::Remove => {
+                // A migrated domain's disks are its destination's now.
+                if end != End::Migrated {
+                    self.drop_image_disks(r);
+                }
+                self.cleanup(r)
+            }
             Next::Keep(state) => {
                 lock(&self.db).set_state(r.id, state)?;
                 lock(&self.live).remove(&r.id);

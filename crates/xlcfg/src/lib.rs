@@ -68,6 +68,9 @@ const KNOWN: &[&str] = &[
     "on_reboot",
     "on_crash",
     "type",
+    "image",
+    "image_keep",
+    "ssh_keys",
     "builder",
 ];
 
@@ -193,6 +196,50 @@ pub fn clone_source(
     Ok(Some((name, path)))
 }
 
+/// The command line as a Domus guest needs it: Xen's disk names in
+/// `root=` (`/dev/xvda1`, `/dev/hda`, `/dev/sdb2`) become the virtio names
+/// the guest has (`/dev/vda1`, ...), each change a warning; the serial
+/// console is always wired (as xl's PV console is): `console=ttyS0` is
+/// added when no `console=` is given.
+pub fn guest_cmdline(cmdline: &str, warnings: &mut Vec<String>) -> String {
+    // What follows `--` is init's, untouched.
+    let (kernel, init) = match cmdline.split_once(" -- ") {
+        Some((k, i)) => (k, Some(i)),
+        None => (cmdline, None),
+    };
+    let mut words: Vec<String> = Vec::new();
+    for w in kernel.split_whitespace() {
+        let renamed = w.strip_prefix("root=/dev/").and_then(|dev| {
+            let rest = ["xvd", "hd", "sd"]
+                .iter()
+                .find_map(|p| dev.strip_prefix(p))?;
+            let letter = rest.chars().next().filter(char::is_ascii_lowercase)?;
+            let part = &rest[1..];
+            part.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| format!("root=/dev/vd{letter}{part}"))
+        });
+        match renamed {
+            Some(r) => {
+                warnings.push(format!(
+                    "{w}: Domus's disks are virtio disks, so the guest calls it {}; using that",
+                    &r[5..]
+                ));
+                words.push(r);
+            }
+            None => words.push(w.to_string()),
+        }
+    }
+    if !words.iter().any(|w| w.starts_with("console=")) {
+        words.push("console=ttyS0".into());
+    }
+    if let Some(i) = init {
+        words.push("--".into());
+        words.push(i.to_string());
+    }
+    words.join(" ")
+}
+
 /// Loads a configuration: `file` names it in messages, `overrides` are
 /// `key=value` settings from the command line (a bare value is taken as a
 /// string).
@@ -268,12 +315,46 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
         Some(s) => int(&s, 0, 100 * 255).map_err(|m| invalid(&s, m))? as u32,
         None => 0,
     };
+    // `image = "NAME"`: the daemon takes the kernel, the initrd and the
+    // root disk (an overlay it makes) from the image.
+    let image = match get("image") {
+        Some(s) => {
+            let name = string(&s).map_err(|m| invalid(&s, m))?;
+            let keep = match get("image_keep") {
+                Some(k) => int(&k, 0, 1).map_err(|m| invalid(&k, m))? == 1,
+                None => false,
+            };
+            let ssh_keys = match get("ssh_keys") {
+                Some(k) => strings(&k).map_err(|m| invalid(&k, m))?,
+                None => Vec::new(),
+            };
+            Some(domus_api::image::ImageUse {
+                name,
+                keep,
+                ssh_keys,
+                ..Default::default()
+            })
+        }
+        None => {
+            for k in ["image_keep", "ssh_keys"] {
+                if let Some(s) = get(k) {
+                    return Err(invalid(
+                        &s,
+                        "only for a domain booted from an image (image = \"NAME\")".into(),
+                    ));
+                }
+            }
+            None
+        }
+    };
     let kernel = match get("kernel") {
         Some(s) => PathBuf::from(string(&s).map_err(|m| invalid(&s, m))?),
+        // Filled in from the image when the daemon creates the domain.
+        None if image.is_some() => PathBuf::new(),
         None => {
             return Err(ConfigError::Missing {
                 file: file.into(),
-                key: "kernel",
+                key: "kernel' (or 'image",
             })
         }
     };
@@ -285,8 +366,11 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
         Some(s) => string(&s).map_err(|m| invalid(&s, m))?,
         None => {
             let mut parts = Vec::new();
-            if let Some(s) = get("root") {
-                parts.push(format!("root={}", string(&s).map_err(|m| invalid(&s, m))?));
+            match get("root") {
+                Some(s) => parts.push(format!("root={}", string(&s).map_err(|m| invalid(&s, m))?)),
+                // An image's root file system is the whole first disk.
+                None if image.is_some() => parts.push("root=/dev/vda rw".into()),
+                None => {}
             }
             if let Some(s) = get("extra") {
                 parts.push(string(&s).map_err(|m| invalid(&s, m))?);
@@ -298,6 +382,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             }
         }
     };
+    let cmdline = guest_cmdline(&cmdline, &mut warnings);
     let mut disks = Vec::new();
     if let Some(s) = get("disk") {
         for d in strings(&s).map_err(|m| invalid(&s, m))? {
@@ -351,6 +436,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             on_poweroff,
             on_reboot,
             on_crash,
+            image,
         },
         warnings,
     })
@@ -428,6 +514,37 @@ pool = "Pool-0"
     }
 
     #[test]
+    fn xen_disk_names_in_root_become_virtio_names_and_the_console_is_wired() {
+        let mut w = Vec::new();
+        assert_eq!(
+            guest_cmdline("root=/dev/xvda1 ro quiet", &mut w),
+            "root=/dev/vda1 ro quiet console=ttyS0"
+        );
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("/dev/vda1"), "{w:?}");
+        assert_eq!(
+            guest_cmdline("root=/dev/sdb console=hvc0", &mut w),
+            "root=/dev/vdb console=hvc0"
+        );
+        // Not a disk name, and init's arguments: left alone.
+        assert_eq!(
+            guest_cmdline("root=/dev/xvdaa1 -- echo root=/dev/xvda", &mut w),
+            "root=/dev/xvdaa1 console=ttyS0 -- echo root=/dev/xvda"
+        );
+        assert_eq!(
+            guest_cmdline("root=LABEL=x", &mut w),
+            "root=LABEL=x console=ttyS0"
+        );
+        // An image domain boots its whole first disk.
+        let c = load("i.cfg", "name='i'\nimage='deb12'\nextra='quiet'", &[])
+            .unwrap()
+            .config;
+        assert_eq!(c.cmdline, "root=/dev/vda rw quiet console=ttyS0");
+        assert_eq!(c.image.unwrap().name, "deb12");
+        assert!(load("i.cfg", "name='i'\nkernel='/k'\nimage_keep=1", &[]).is_err());
+    }
+
+    #[test]
     fn overrides_win() {
         let o = [
             "memory=768".to_string(),
@@ -437,7 +554,10 @@ pool = "Pool-0"
         let c = load("web.cfg", GOOD, &o).unwrap().config;
         assert_eq!(c.memory_mib, 768);
         assert_eq!(c.name, "web-2");
-        assert_eq!(c.cmdline, "x y");
+        assert_eq!(
+            c.cmdline, "x y console=ttyS0",
+            "the serial console is always wired"
+        );
         let e = load("web.cfg", GOOD, &["memory=huge".to_string()]).unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -493,7 +613,10 @@ pool = "Pool-0"
         ));
         assert!(matches!(
             load("t.cfg", "name='x'", &[]),
-            Err(ConfigError::Missing { key: "kernel", .. })
+            Err(ConfigError::Missing {
+                key: "kernel' (or 'image",
+                ..
+            })
         ));
         assert!(matches!(
             load("t.cfg", "name='x' x", &[]),

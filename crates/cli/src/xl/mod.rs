@@ -6,6 +6,7 @@
 
 mod cpu;
 mod devices;
+mod image;
 mod migrate;
 mod snapshot;
 
@@ -20,6 +21,7 @@ pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
 };
 pub use devices::{attach, detach, device_list, AttachArgs, DetachArgs, DeviceListArgs};
+pub use image::{image, ImageArgs};
 pub use migrate::{migrate, MigrateArgs};
 pub use snapshot::{clone, restore, save, CloneArgs, RestoreArgs, SaveArgs};
 
@@ -233,11 +235,13 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
         cert: a.tls_cert.unwrap_or_else(|| state.join("tls/cert.pem")),
         key: a.tls_key.unwrap_or_else(|| state.join("tls/key.pem")),
     });
-    let image_dirs = if a.image_dir.is_empty() {
+    let mut image_dirs = if a.image_dir.is_empty() {
         vec![state.join("images"), domus_kit::default_dir()]
     } else {
         a.image_dir
     };
+    // The disks the daemon makes for image domains (overlays, seeds).
+    image_dirs.push(domus_daemon::overlay_dir(&state));
     let settings = domus_daemon::Settings {
         policy: domus_daemon::Policy {
             reserve_mib: a.host_reserve,

@@ -168,8 +168,10 @@ const EVENTS: &[(libc::c_long, When)] = &[
 const ROUTE: &[(libc::c_long, When)] = &[(libc::SYS_ioctl, OneOf(1, &[KVM_SET_GSI_ROUTING]))];
 
 /// The block I/O pool's disk I/O: positioned and vectored reads and
-/// writes, sync, discard and write-zeroes (fallocate).
+/// writes, sync, discard and write-zeroes (fallocate), and growing a qcow2
+/// image's file where imago zeroes clusters past its end (ftruncate).
 const DISK_IO: &[(libc::c_long, When)] = &[
+    (libc::SYS_ftruncate, Always),
     (libc::SYS_fallocate, Always),
     (libc::SYS_fdatasync, Always),
     (libc::SYS_fsync, Always),
@@ -200,6 +202,8 @@ const API: &[(libc::c_long, When)] = &[
     (libc::SYS_eventfd2, Always),
     (libc::SYS_fcntl, Always),
     (libc::SYS_flock, Always),
+    // imago reads a hot-plugged qcow2 file's block size.
+    (libc::SYS_fstatfs, Always),
     (libc::SYS_ioctl, Not(1, KVM_RUN)),
     (libc::SYS_lseek, Always),
     (libc::SYS_poll, Always),
@@ -251,7 +255,8 @@ fn calls(kind: Kind) -> Vec<(libc::c_long, When)> {
         Kind::Api => &[API, START_THREADS],
         Kind::Console => &[CONSOLE],
         Kind::Inbox => &[INBOX],
-        Kind::Main => &[MAIN],
+        // Tearing down a qcow2 disk writes imago's cached metadata.
+        Kind::Main => &[MAIN, DISK_IO],
     };
     COMMON
         .iter()

@@ -1,0 +1,69 @@
+//! Images that `domus image build` makes, as their directory records them
+//! (`image.json` beside the disk, the kernel and the initrd), and how a
+//! domain uses one (`image = "NAME"` in its configuration).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The file in an image's directory that describes it.
+pub const RECORD: &str = "image.json";
+
+/// One image: the files are named relative to its directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageRecord {
+    pub name: String,
+    /// Debian's suite (bookworm, trixie, ...).
+    pub suite: String,
+    /// The packages installed beyond the base set, as asked.
+    #[serde(default)]
+    pub packages: Vec<String>,
+    /// The root disk's size (as the guest sees it), in bytes.
+    pub size_bytes: u64,
+    /// The qcow2 root disk (an ext4 file system without a partition table:
+    /// the guest's `/dev/vda`).
+    pub disk: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    /// The kernel's version (`6.1.0-50-cloud-amd64`).
+    pub kernel_version: String,
+    /// Seconds since the epoch when it was built.
+    pub built: u64,
+    /// A hash of everything the build was asked (suite, packages, size,
+    /// the build's own version): the same inputs build the same image.
+    pub inputs: String,
+}
+
+/// A listed image: its record and where it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageInfo {
+    pub dir: PathBuf,
+    #[serde(flatten)]
+    pub record: ImageRecord,
+    /// Bytes the image's files take on the host's disk.
+    pub host_bytes: u64,
+}
+
+/// How a domain uses an image (`image =` in its configuration): the
+/// daemon made its root disk, a copy-on-write overlay on the image's, and
+/// its cloud-init seed disk.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageUse {
+    pub name: String,
+    /// `image_keep = 1`: the overlay outlives the domain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep: bool,
+    /// The SSH public keys cloud-init gives the default user (`ssh_keys`;
+    /// the CLI adds the user's `~/.ssh/*.pub` when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_keys: Vec<String>,
+    /// What the daemon made, once it has: the overlay (the domain's first
+    /// disk) and the seed (its last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<PathBuf>,
+}

@@ -1,0 +1,122 @@
+//! `domus-image`: bootable Debian images from Debian's own packages, the
+//! directories that hold them, and the cloud-init seed disks that configure
+//! a domain booted from one.
+//!
+//! An image is a directory `NAME/` in an image directory: `disk.qcow2` (an
+//! ext4 root file system on the whole disk, no partition table), the
+//! `vmlinuz` and `initrd.img` of the Debian kernel installed inside, and
+//! `image.json` ([`domus_api::image::ImageRecord`]). Domains never write
+//! it: each gets a qcow2 overlay on `disk.qcow2`.
+
+mod build;
+mod seed;
+mod store;
+
+pub use build::{build, BuildOptions, BASE_PACKAGES};
+pub use seed::{make_seed, Seed};
+pub use store::Store;
+
+/// What went wrong; each says what to do where it can.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no image '{name}' in {dirs} (`domus image list` shows what there is; `domus image build {name}` makes it)")]
+    NoSuchImage { name: String, dirs: String },
+    #[error("an image '{0}' exists (remove it with `domus image rm {0}`, or pick another name)")]
+    Exists(String),
+    #[error(
+        "image name '{0}': 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+    )]
+    BadName(String),
+    #[error("image '{name}' is the base of {users}: destroy those domains first")]
+    InUse { name: String, users: String },
+    #[error("image {dir}: {reason}")]
+    Broken { dir: String, reason: String },
+    #[error("{tool}: {reason}")]
+    Tool { tool: String, reason: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Disk(#[from] domus_disk::Error),
+}
+
+impl Error {
+    fn io(what: impl std::fmt::Display, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Whether `name` may name an image (it becomes a directory's name).
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BadName(name.into()))
+    }
+}
+
+/// Runs `cmd`, its output to `log` (or discarded); an error names the tool
+/// and ends with the log's last lines.
+fn run(cmd: &mut std::process::Command, log: Option<&std::path::Path>) -> Result<()> {
+    let tool = cmd.get_program().to_string_lossy().into_owned();
+    let (out, err) = match log {
+        Some(p) => {
+            let f = std::fs::File::create(p).map_err(|e| Error::io(p.display(), e))?;
+            let g = f.try_clone().map_err(|e| Error::io(p.display(), e))?;
+            (std::process::Stdio::from(f), std::process::Stdio::from(g))
+        }
+        None => (std::process::Stdio::null(), std::process::Stdio::piped()),
+    };
+    let child = cmd
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| Error::Tool {
+            tool: tool.clone(),
+            reason: if e.kind() == std::io::ErrorKind::NotFound {
+                "not installed (tools/setup installs what `domus image` needs)".into()
+            } else {
+                e.to_string()
+            },
+        })?;
+    let done = child.wait_with_output().map_err(|e| Error::io(&tool, e))?;
+    if done.status.success() {
+        return Ok(());
+    }
+    let tail = match log {
+        Some(p) => std::fs::read_to_string(p).unwrap_or_default(),
+        None => String::from_utf8_lossy(&done.stderr).into_owned(),
+    };
+    let tail: Vec<&str> = tail.lines().rev().take(15).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    Err(Error::Tool {
+        tool,
+        reason: format!("{}\n{}", done.status, tail.join("\n")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn image_names_are_plain_file_names() {
+        for good in ["deb12", "web.v2", "a_b-c", "x"] {
+            super::check_name(good).unwrap();
+        }
+        for bad in ["", ".hidden", "-x", "a/b", "..", "a b", &"x".repeat(65)] {
+            assert!(super::check_name(bad).is_err(), "{bad}");
+        }
+    }
+}
