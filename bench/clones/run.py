@@ -76,7 +76,7 @@ class Daemon:
         kit_dir = os.path.dirname(k["kernel"])
         self.proc = subprocess.Popen(
             [DOMUS, "daemon", "--state-dir", self.state, "--host-reserve", "256",
-             "--start-timeout", "600", "--image-dir", self.images, "--image-dir", kit_dir],
+             "--start-timeout", "600", "--image-dir", self.images, "--image-dir", kit_dir, "--no-network"],
             stderr=open(os.path.join(WORK, "daemon.log"), "w"))
         self.sock = os.path.join(self.state, "domusd.sock")
         for _ in range(500):

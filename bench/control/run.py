@@ -74,7 +74,7 @@ def proc_rss_kib(pid):
 def one_size(n, k, jail):
     state = tempfile.mkdtemp(prefix="domus-bench-control-")
     daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--host-reserve", "256",
-                               "--start-timeout", str(START_TIMEOUT_S)]
+                               "--start-timeout", str(START_TIMEOUT_S), "--no-network"]
                               + ([] if jail else ["--no-jail"]),
                               stderr=subprocess.DEVNULL)
     sock = os.path.join(state, "domusd.sock")

@@ -119,6 +119,8 @@ enum Command {
     SchedCredit(xl::SchedArgs),
     /// Live CPU and memory use per domain, with the I/O threads' CPU apart.
     Top(xl::TopArgs),
+    /// Log in to a domain over SSH, at its address on the default network.
+    Ssh(xl::SshArgs),
     /// Follow a domain's console output.
     Console(xl::ConsoleArgs),
     /// The daemon's log.
@@ -563,6 +565,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run(a),
         Command::Kit(a) => kit(a),
         Command::Image(a) => xl::image(a),
+        Command::Ssh(a) => xl::ssh(a),
         Command::KvmProbe => kvm_probe(),
         Command::Daemon(a) => xl::daemon(a),
         Command::Create(a) => xl::create(a),

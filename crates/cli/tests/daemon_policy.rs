@@ -31,6 +31,7 @@ fn daemon(state: &Path, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_domus"))
         .args(["daemon", "--state-dir"])
         .arg(state)
+        .arg("--no-network")
         .args(extra)
         .stderr(Stdio::piped())
         .spawn()

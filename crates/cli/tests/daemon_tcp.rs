@@ -49,7 +49,7 @@ fn the_tcp_api_is_tls_with_a_token_and_holds_against_idle_clients() {
     let mut daemon = Command::new(env!("CARGO_BIN_EXE_domus"))
         .args(["daemon", "--state-dir"])
         .arg(&state)
-        .args(["--listen-tcp", &addr, "--no-cgroups"])
+        .args(["--listen-tcp", &addr, "--no-cgroups", "--no-network"])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

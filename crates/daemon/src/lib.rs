@@ -29,6 +29,7 @@ pub mod cgroup;
 mod clone;
 mod console;
 pub mod db;
+mod defnet;
 mod devices;
 #[cfg(test)]
 mod fakes;
@@ -65,6 +66,7 @@ use domus_xlcfg::DomainConfig;
 pub use auth::{token, TcpApi};
 pub use cgroup::{Cgroup2, Groups};
 pub use db::{Db, Row};
+pub use defnet::{Lease, NetSettings};
 pub use host::{allowed_cpus, cpu_seconds, host_memory_mib, rss_bytes, start_time};
 pub use network::{IpTaps, Taps};
 pub use supervise::Request;
@@ -190,6 +192,9 @@ pub struct Daemon {
     /// Live migrations sent from here, by domain name.
     migrations: migrate::Migrations,
     host: HostOps,
+    /// The default network, once it runs (`--network`; not in tests that
+    /// stand in for the host).
+    pub network: std::sync::OnceLock<defnet::DefaultNet>,
 }
 
 impl Daemon {
@@ -365,6 +370,8 @@ impl Policy {
 /// How `domus daemon` runs: its options.
 pub struct Settings {
     pub policy: Policy,
+    /// The default network (None: `--no-network`).
+    pub network: Option<defnet::NetSettings>,
     /// Also serve the API on TCP.
     pub tcp: Option<TcpApi>,
     /// Run without cgroups (no CPU or memory limits).
@@ -417,6 +424,7 @@ impl Daemon {
             waker: watch::Waker::new()?,
             restart_log: Mutex::new(HashMap::new()),
             migrations: Mutex::new(HashMap::new()),
+            network: std::sync::OnceLock::new(),
             host,
         });
         d.recover()?;
@@ -425,6 +433,14 @@ impl Daemon {
 
     /// An event of the daemon itself: to its log (`tracing`, on stderr)
     /// and to the stored log `dmesg` shows.
+    /// The bridge a vif goes on: its own `bridge=`, else the default
+    /// network's (none: a tap on no bridge).
+    pub(crate) fn bridge_of<'a>(&'a self, v: &'a domus_api::domain::Vif) -> Option<&'a str> {
+        v.bridge
+            .as_deref()
+            .or_else(|| self.network.get().map(|n| n.settings.bridge.as_str()))
+    }
+
     pub fn log(&self, msg: &str) {
         tracing::info!("{msg}");
         lock(&self.db).log(msg);
@@ -518,6 +534,7 @@ const TCP_CONNECTIONS: usize = 64;
 pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
     let Settings {
         policy,
+        network,
         tcp,
         no_cgroups,
     } = settings;
@@ -567,6 +584,22 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
                    CPU lists or memory limits, and requests that would set one are refused";
         tracing::warn!("{msg}");
         d.log(msg);
+    }
+    if let Some(n) = network {
+        let net =
+            defnet::DefaultNet::start(&d.state, &n, Arc::new(|m: String| tracing::info!("{m}")))
+                .map_err(|e| {
+                    Error::Invalid(format!(
+                    "the default network on {} ({}/{}): {e}; start the daemon with --no-network \
+                     to run without it",
+                    n.bridge, n.gateway, n.prefix
+                ))
+                })?;
+        d.log(&format!(
+            "default network: bridge {} with {}/{} (NAT, DHCP and DNS from dnsmasq)",
+            n.bridge, n.gateway, n.prefix
+        ));
+        let _ = d.network.set(net);
     }
     let h = d.clone();
     domus_http::spawn_server(

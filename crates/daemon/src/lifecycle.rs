@@ -346,7 +346,7 @@ impl Daemon {
             let tap = self.tap_name(r.id, i);
             self.host
                 .taps
-                .add(&tap, v.bridge.as_deref(), owner)
+                .add(&tap, self.bridge_of(v), owner)
                 .map_err(crate::network::tap_error)?;
             spec.nets.push(net_spec(tap, v, v.mac.clone()));
         }
@@ -587,10 +587,23 @@ impl Daemon {
         Ok(())
     }
 
-    /// A running domain's devices, as its VMM shows them.
+    /// A running domain's devices, as its VMM shows them; an interface
+    /// with a lease on the default network shows its address (`ip`).
     pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>> {
         let r = self.find(dom)?;
-        self.vmm(&r)?.devices().map_err(vmm_error(&r))
+        let mut devs = self.vmm(&r)?.devices().map_err(vmm_error(&r))?;
+        if let Some(net) = self.network.get() {
+            let leases = net.leases();
+            for d in devs.iter_mut().filter(|d| d.kind == "net") {
+                let mac = d.fact("mac").to_ascii_lowercase();
+                if let (Some(l), Some(info)) =
+                    (leases.iter().find(|l| l.mac == mac), d.info.as_object_mut())
+                {
+                    info.insert("ip".into(), l.ip.to_string().into());
+                }
+            }
+        }
+        Ok(devs)
     }
 }
 

@@ -9,7 +9,7 @@ use domus_api::vmm::{DeviceInfo, PlugRequest, Unplugging};
 
 use crate::{vmm_error, Daemon, Error, Result};
 
-fn ip(args: &[&str]) -> std::io::Result<()> {
+pub(crate) fn ip(args: &[&str]) -> std::io::Result<()> {
     let out = Command::new("ip").args(args).output()?;
     if out.status.success() {
         Ok(())
@@ -158,7 +158,7 @@ impl Daemon {
         let owner = self.running_jail(&r).map(|j| (j.uid, j.gid));
         self.host
             .taps
-            .add(&tap, vif.bridge.as_deref(), owner)
+            .add(&tap, self.bridge_of(&vif), owner)
             .map_err(tap_error)?;
         let made = (|| -> Result<DeviceInfo> {
             let mut net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));

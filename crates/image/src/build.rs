@@ -33,7 +33,7 @@ pub const BASE_PACKAGES: &[&str] = &[
 ];
 
 /// Changes whenever what a build writes changes: part of the inputs' hash.
-const BUILD_VERSION: &str = "domus-image-1";
+const BUILD_VERSION: &str = "domus-image-2";
 
 /// What `domus image build` is asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,7 +221,9 @@ fn configure(root: &Path) -> Result<()> {
     write(
         &root.join("etc/cloud/cloud.cfg.d/90-domus.cfg"),
         "# domus image build: configured from the NoCloud seed disk (label cidata).\n\
-         datasource_list: [ NoCloud, None ]\n",
+         datasource_list: [ NoCloud, None ]\n\
+         # No locales package in the image: C.UTF-8 is built into libc.\n\
+         locale: C.UTF-8\n",
     )?;
     // Every domain makes its own host keys and machine id at first boot
     // (cloud-init's ssh module, systemd).

@@ -1,6 +1,7 @@
 //! Disk and interface verbs: block-list, network-list, block-attach,
 //! network-attach, block-detach and network-detach.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use domus_api::client::Attach;
@@ -54,15 +55,20 @@ pub fn device_list(kind: &str, a: DeviceListArgs) -> ExitCode {
             }
         } else {
             println!(
-                "{:<5} {:<16} {:<17} {:>9} {:>8} {:>9} {:>8} {:>7}",
-                "Idx", "Tap", "MAC", "RxPkts", "Rx(MiB)", "TxPkts", "Tx(MiB)", "Dropped"
+                "{:<5} {:<16} {:<17} {:<15} {:>9} {:>8} {:>9} {:>8} {:>7}",
+                "Idx", "Tap", "MAC", "IP", "RxPkts", "Rx(MiB)", "TxPkts", "Tx(MiB)", "Dropped"
             );
             for d in devs {
                 println!(
-                    "{:<5} {:<16} {:<17} {:>9} {:>8.1} {:>9} {:>8.1} {:>7}",
+                    "{:<5} {:<16} {:<17} {:<15} {:>9} {:>8.1} {:>9} {:>8.1} {:>7}",
                     d.id.trim_start_matches("net"),
                     d.fact("tap"),
                     d.fact("mac"),
+                    if d.fact("ip").is_empty() {
+                        "-"
+                    } else {
+                        d.fact("ip")
+                    },
                     d.counter("rx_packets"),
                     mib(d.counter("rx_bytes")),
                     d.counter("tx_packets"),
@@ -146,5 +152,56 @@ pub fn detach(name: &str, a: DetachArgs) -> ExitCode {
             "domain {}: the guest did not let go of {id} within {} s (the request stands; its ACPI hot-plug driver decides)",
             a.domain, a.timeout
         ))
+    })
+}
+
+#[derive(clap::Args)]
+pub struct SshArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// The user to log in as (cloud-init's default user on Debian's images).
+    #[arg(short = 'l', long, default_value = "debian")]
+    pub user: String,
+    /// An ssh option (`-o UserKnownHostsFile=/tmp/kh`), repeatable.
+    #[arg(short = 'o', value_name = "OPTION")]
+    pub options: Vec<String>,
+    /// An identity file (ssh's -i).
+    #[arg(short = 'i', value_name = "FILE")]
+    pub identity: Option<PathBuf>,
+    pub domain: String,
+    /// A command to run instead of a shell (after `--`).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// `domus ssh DOM [-- ARGS]`: ssh to the domain's address on the default
+/// network (its first interface with a DHCP lease).
+pub fn ssh(a: SshArgs) -> ExitCode {
+    verb(|| {
+        let devs = a.state.client()?.devices(&a.domain).map_err(failed)?;
+        let ip = devs
+            .iter()
+            .filter(|d| d.kind == "net")
+            .map(|d| d.fact("ip"))
+            .find(|ip| !ip.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "domain {} has no address on the default network yet (no DHCP lease: \
+                     is it still booting? `domus network-list {}` shows its interfaces)",
+                    a.domain, a.domain
+                )
+            })?
+            .to_string();
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("ssh");
+        c.args(["-o", "StrictHostKeyChecking=accept-new"]);
+        for o in &a.options {
+            c.args(["-o", o]);
+        }
+        if let Some(i) = &a.identity {
+            c.arg("-i").arg(i);
+        }
+        let e = c.arg(format!("{}@{ip}", a.user)).args(&a.command).exec();
+        Err(format!("ssh: {e}"))
     })
 }

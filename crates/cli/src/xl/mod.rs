@@ -20,7 +20,9 @@ use domus_http::tls::Verify;
 pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
 };
-pub use devices::{attach, detach, device_list, AttachArgs, DetachArgs, DeviceListArgs};
+pub use devices::{
+    attach, detach, device_list, ssh, AttachArgs, DetachArgs, DeviceListArgs, SshArgs,
+};
 pub use image::{image, ImageArgs};
 pub use migrate::{migrate, MigrateArgs};
 pub use snapshot::{clone, restore, save, CloneArgs, RestoreArgs, SaveArgs};
@@ -132,6 +134,16 @@ pub struct DaemonArgs {
     /// DOMUS_TOKEN_FILE or DOMUS_TOKEN).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen_tcp: Option<String>,
+    /// The default network's bridge: vifs without bridge= go on it, with
+    /// DHCP, DNS (dnsmasq) and NAT to the host's uplink.
+    #[arg(long, value_name = "NAME", default_value = "domus0")]
+    pub network_bridge: String,
+    /// The host's address on the default network, with its prefix.
+    #[arg(long, value_name = "ADDR/PREFIX", default_value = "10.200.0.1/24")]
+    pub network: String,
+    /// No default network: no bridge, no dnsmasq, no NAT made.
+    #[arg(long)]
+    pub no_network: bool,
     /// The bearer token's file (made, mode 0600, if missing) [default: STATE_DIR/token]
     #[arg(long, value_name = "PATH", requires = "listen_tcp")]
     pub token_file: Option<PathBuf>,
@@ -156,6 +168,39 @@ pub struct CreateArgs {
     /// Follow the new domain's console (as `domus console`) until it goes away.
     #[arg(short = 'c')]
     pub console: bool,
+    /// Dry run (xl's -n): print the domain configuration that would be
+    /// started, as JSON, and start nothing (an image's kernel and disks are
+    /// filled in by the daemon when it creates the domain).
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+}
+
+/// The invoking user's SSH public keys (`~/.ssh/*.pub`), one line each;
+/// keys with quotes or backslashes (not a public key) are left out.
+fn user_ssh_keys() -> Vec<String> {
+    let Some(home) = std::env::var_os("HOME") else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir(PathBuf::from(home).join(".ssh")) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pub"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| {
+            t.lines()
+                .map(str::trim)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|k| !k.is_empty() && !k.contains(['"', '\\', '\'']))
+        .collect()
 }
 
 #[derive(clap::Args)]
@@ -242,7 +287,16 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
     };
     // The disks the daemon makes for image domains (overlays, seeds).
     image_dirs.push(domus_daemon::overlay_dir(&state));
+    let network = if a.no_network {
+        None
+    } else {
+        match domus_daemon::NetSettings::parse(&a.network_bridge, &a.network) {
+            Ok(n) => Some(n),
+            Err(e) => return fail(format!("--network: {e}")),
+        }
+    };
     let settings = domus_daemon::Settings {
+        network,
         policy: domus_daemon::Policy {
             reserve_mib: a.host_reserve,
             files: domus_daemon::paths::Files::new(image_dirs, a.block_device),
@@ -267,14 +321,45 @@ pub fn create(a: CreateArgs) -> ExitCode {
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf))
             .unwrap_or_else(|| PathBuf::from("."));
+        let file = a.config.display().to_string();
+        let mut overrides = a.overrides;
+        // An image domain without ssh_keys gets the user's own public keys.
+        if let Ok(l) = domus_xlcfg::load(&file, &text, &overrides) {
+            if l.config
+                .image
+                .as_ref()
+                .is_some_and(|u| u.ssh_keys.is_empty())
+            {
+                let keys = user_ssh_keys();
+                if keys.is_empty() {
+                    eprintln!(
+                        "domus: warning: no public key in ~/.ssh/*.pub: the domain's default user \
+                         gets none (give ssh_keys = [...] or make one with ssh-keygen)"
+                    );
+                } else {
+                    let list: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
+                    overrides.push(format!("ssh_keys=[{}]", list.join(",")));
+                }
+            }
+        }
+        if a.dry_run {
+            // xl's -n: the configuration as it would be started, nothing started.
+            let mut l = domus_xlcfg::load(&file, &text, &overrides).map_err(|e| e.to_string())?;
+            l.config.make_absolute(&dir);
+            for w in &l.warnings {
+                eprintln!("domus: warning: {w}");
+            }
+            print_json(&l.config);
+            return Ok(ExitCode::SUCCESS);
+        }
         let created = a
             .state
             .client()?
             .create(&CreateRequest {
                 config: text,
-                file: Some(a.config.display().to_string()),
+                file: Some(file),
                 dir: Some(dir.display().to_string()),
-                overrides: Some(a.overrides),
+                overrides: Some(overrides),
             })
             .map_err(failed)?;
         for w in &created.warnings {

@@ -4,6 +4,7 @@
 mod clone;
 mod control;
 mod devices;
+mod image;
 mod jail;
 mod lifecycle;
 mod migrate;
@@ -152,6 +153,9 @@ fn start_daemon_with(state: &std::path::Path, extra: &[&str]) -> TestDaemon {
                 .iter()
                 .flat_map(|d| [std::path::Path::new("--image-dir"), d]),
         )
+        // The default network only where a test asks for it (--network...):
+        // tests run side by side, each with its own daemon.
+        .args((!extra.iter().any(|a| a.starts_with("--network"))).then_some("--no-network"))
         .args(extra)
         .stderr(out)
         .spawn()

@@ -1,0 +1,180 @@
+//! A domain from `domus image build`'s Debian image, on the default
+//! network: systemd boots to multi-user with no failed unit, DHCP gives it
+//! an address on the daemon's bridge, the host reaches it by ping and by
+//! SSH with the key the configuration gave, it resolves the host's name
+//! through the daemon's DNS, and it powers off on `domus shutdown -w`,
+//! taking its overlay and seed disk with it.
+//!
+//! The image is built before the nested host starts (it has no network) by
+//! tools/test, cached by its inputs, into $DOMUS_TEST_IMAGES.
+
+use super::*;
+
+/// Where tools/test built the test image (named `domus-test`).
+fn test_images() -> std::path::PathBuf {
+    let d = std::env::var_os("DOMUS_TEST_IMAGES")
+        .map(std::path::PathBuf::from)
+        .expect(
+            "DOMUS_TEST_IMAGES: the directory tools/test builds the test image into \
+         (domus image build --dir DIR domus-test)",
+        );
+    assert!(
+        d.join("domus-test/image.json").is_file(),
+        "no image domus-test in {}",
+        d.display()
+    );
+    d
+}
+
+/// Runs `cmd` on `ip` as the image's default user with `key`: whether it
+/// succeeded, its stdout, and its stderr (ssh's own messages).
+fn ssh(
+    key: &std::path::Path,
+    known: &std::path::Path,
+    ip: &str,
+    cmd: &str,
+) -> (bool, String, String) {
+    let out = Command::new("ssh")
+        .arg("-i")
+        .arg(key)
+        .args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+        ])
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known.display()))
+        .arg(format!("debian@{ip}"))
+        .arg(cmd)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn exclusive_an_image_domain_boots_gets_an_address_and_answers_ssh_with_the_injected_key() {
+    let images = test_images();
+    let dir = scratch("image");
+    let state = dir.join("state");
+    let images_arg = images.display().to_string();
+    let _daemon = start_daemon_with(
+        &state,
+        &[
+            "--image-dir",
+            &images_arg,
+            "--network-bridge",
+            "dtest0",
+            "--network",
+            "10.201.0.1/24",
+        ],
+    );
+    let key = dir.join("id_ed25519");
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let public = std::fs::read_to_string(dir.join("id_ed25519.pub")).unwrap();
+    let cfg = dir.join("web.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = 'web'\nimage = 'domus-test'\nmemory = 1024\nvcpus = 2\nvif = ['']\nssh_keys = ['{}']\n",
+            public.trim()
+        ),
+    )
+    .unwrap();
+    // A name that is no image: refused, nothing made.
+    let (ok, _, err) = domus_cli(&state, &["create", cfg.to_str().unwrap(), "image=nothing"]);
+    assert!(!ok && err.contains("no image 'nothing'"), "{err}");
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let overlays = state.join("overlays");
+    assert!(overlays.join("web.qcow2").is_file() && overlays.join("web.seed.img").is_file());
+    // Its address, from the daemon's DHCP (network-list shows the lease).
+    let started = Instant::now();
+    let ip = loop {
+        let (ok, out, err) = domus_cli(&state, &["network-list", "--json", "web"]);
+        assert!(ok, "{err}");
+        let devs: Vec<domus_api::vmm::DeviceInfo> = serde_json::from_str(&out).unwrap();
+        if let Some(ip) = devs
+            .iter()
+            .map(|d| d.fact("ip").to_string())
+            .find(|i| !i.is_empty())
+        {
+            break ip;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "no DHCP lease after 240 s; console:\n{}",
+            std::fs::read_to_string(state.join("domains/1/console.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(ip.starts_with("10.201.0."), "{ip}");
+    let lease_s = started.elapsed().as_secs_f64();
+    let ping = Command::new("ping")
+        .args(["-c", "1", "-W", "5", &ip])
+        .output()
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+    // SSH with the injected key (sshd comes up after the lease).
+    let known = dir.join("known_hosts");
+    let mut last = String::new();
+    let mut up = false;
+    while started.elapsed() < Duration::from_secs(300) {
+        let (ok, out, err) = ssh(&key, &known, &ip, "hostname");
+        if ok {
+            assert_eq!(out.trim(), "web", "cloud-init set the hostname");
+            up = true;
+            break;
+        }
+        last = err;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(up, "no SSH login within 300 s: {last}");
+    let ssh_s = started.elapsed().as_secs_f64();
+    // systemd reached multi-user with no failed unit.
+    let (_, state_of, err) = ssh(
+        &key,
+        &known,
+        &ip,
+        "systemctl is-system-running --wait; systemctl --failed --no-legend --plain",
+    );
+    assert_eq!(state_of.trim(), "running", "{state_of}{err}");
+    let (ok, out, err) = ssh(&key, &known, &ip, "getent hosts host.domus");
+    assert!(ok && out.starts_with("10.201.0.1 "), "{out}{err}");
+    // Another key is refused.
+    let other = dir.join("other");
+    Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(&other)
+        .status()
+        .unwrap();
+    let (ok, _, _) = ssh(&other, &known, &ip, "true");
+    assert!(!ok, "a key the domain was not given logs in");
+    eprintln!("image domain: lease after {lease_s:.1} s, SSH after {ssh_s:.1} s");
+    // The power button: systemd-logind powers it off.
+    let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "web"]);
+    assert!(ok, "{out}{err}");
+    assert!(find(&state, "web").is_none());
+    assert!(
+        !overlays.join("web.qcow2").exists() && !overlays.join("web.seed.img").exists(),
+        "its overlay and seed go with it"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

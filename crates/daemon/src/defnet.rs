@@ -1,0 +1,331 @@
+//! The default network: a bridge (`domus0`) with a private IPv4 subnet, the
+//! host as its gateway, NAT to whatever the host routes through
+//! (nftables masquerade), and DHCP and DNS for the domains from dnsmasq
+//! (Debian's dnsmasq-base), which the daemon starts and restarts if it
+//! ends. A vif without `bridge=` goes on it.
+//!
+//! Names resolve under `.domus`: each domain by the name its DHCP request
+//! gave (its domain name, set by cloud-init), and the host as `host.domus`.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::network::ip;
+
+/// `domus daemon --network`: what the default network is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetSettings {
+    pub bridge: String,
+    /// The gateway's (the host's) address; the subnet is its /prefix.
+    pub gateway: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl NetSettings {
+    /// `10.200.0.1/24` style: the host's address on the bridge.
+    pub fn parse(bridge: &str, cidr: &str) -> Result<Self, String> {
+        let (a, p) = cidr
+            .split_once('/')
+            .ok_or_else(|| format!("'{cidr}' is not ADDRESS/PREFIX (like 10.200.0.1/24)"))?;
+        let gateway: Ipv4Addr = a
+            .parse()
+            .map_err(|_| format!("'{a}' is not an IPv4 address"))?;
+        let prefix: u8 = p
+            .parse()
+            .ok()
+            .filter(|p| (8..=29).contains(p))
+            .ok_or_else(|| format!("prefix '/{p}' is not 8 to 29"))?;
+        let s = NetSettings {
+            bridge: bridge.to_string(),
+            gateway,
+            prefix,
+        };
+        if s.gateway == s.network() || s.gateway == s.broadcast() {
+            return Err(format!("{a} is the subnet's own address, not a host's"));
+        }
+        if bridge.is_empty() || bridge.len() > 15 || bridge.contains('/') {
+            return Err(format!("'{bridge}' is not a network interface name"));
+        }
+        Ok(s)
+    }
+
+    fn mask(&self) -> u32 {
+        u32::MAX << (32 - self.prefix)
+    }
+
+    pub fn network(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.gateway) & self.mask())
+    }
+
+    pub fn broadcast(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.gateway) | !self.mask())
+    }
+
+    /// Whether `a` is a domain's address on this subnet (not the network,
+    /// the broadcast or the gateway's).
+    pub fn holds(&self, a: Ipv4Addr) -> bool {
+        u32::from(a) & self.mask() == u32::from(self.network())
+            && a != self.network()
+            && a != self.broadcast()
+            && a != self.gateway
+    }
+
+    /// The DHCP pool: the subnet but for the gateway and its ends.
+    fn pool(&self) -> (Ipv4Addr, Ipv4Addr) {
+        let first = u32::from(self.network()) + 1;
+        let last = u32::from(self.broadcast()) - 1;
+        let start = if u32::from(self.gateway) == first {
+            first + 1
+        } else {
+            first
+        };
+        let end = if u32::from(self.gateway) == last {
+            last - 1
+        } else {
+            last
+        };
+        (Ipv4Addr::from(start), Ipv4Addr::from(end))
+    }
+
+    /// The nftables table that NATs the subnet (one per bridge).
+    fn nat_table(&self) -> String {
+        format!("domus_nat_{}", self.bridge.replace(['-', '.'], "_"))
+    }
+}
+
+/// One DHCP lease, as dnsmasq's lease file has it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Lease {
+    pub mac: String,
+    pub ip: Ipv4Addr,
+    pub hostname: Option<String>,
+    /// Seconds since the epoch.
+    pub expires: u64,
+}
+
+/// The running default network.
+pub struct DefaultNet {
+    pub settings: NetSettings,
+    leases: PathBuf,
+    dnsmasq: Arc<Mutex<Option<Child>>>,
+}
+
+fn nft(script: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut c = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| std::io::Error::other(format!("nft (Debian's nftables): {e}")))?;
+    c.stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())?;
+    let out = c.wait_with_output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "nft: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+impl DefaultNet {
+    /// Makes (or takes over) the bridge, its address, the NAT and
+    /// forwarding rules, and starts dnsmasq; `log` tells the daemon's log
+    /// what dnsmasq did.
+    pub fn start(
+        state: &Path,
+        s: &NetSettings,
+        log: Arc<dyn Fn(String) + Send + Sync>,
+    ) -> std::io::Result<Self> {
+        let br = &s.bridge;
+        if !Path::new("/sys/class/net").join(br).exists() {
+            ip(&["link", "add", "name", br, "type", "bridge"])?;
+        }
+        ip(&[
+            "addr",
+            "replace",
+            &format!("{}/{}", s.gateway, s.prefix),
+            "dev",
+            br,
+        ])?;
+        ip(&["link", "set", br, "up"])?;
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
+        let t = s.nat_table();
+        let subnet = format!("{}/{}", s.network(), s.prefix);
+        // Replaced whole, atomically: a restarted daemon leaves no stale rule.
+        nft(&format!(
+            "table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n\
+             \tchain postrouting {{ type nat hook postrouting priority srcnat; policy accept;\n\
+             \t\tip saddr {subnet} oifname != \"{br}\" masquerade\n\t}}\n\
+             \tchain forward {{ type filter hook forward priority filter; policy accept;\n\
+             \t\tiifname \"{br}\" accept\n\
+             \t\toifname \"{br}\" ct state established,related accept\n\t}}\n}}\n"
+        ))?;
+        let dir = state.join("network");
+        std::fs::create_dir_all(&dir)?;
+        let net = DefaultNet {
+            settings: s.clone(),
+            leases: dir.join(format!("{br}.leases")),
+            dnsmasq: Arc::new(Mutex::new(None)),
+        };
+        let first = net.spawn_dnsmasq()?;
+        *net.dnsmasq.lock().unwrap_or_else(|e| e.into_inner()) = Some(first);
+        net.watch(log);
+        Ok(net)
+    }
+
+    fn dnsmasq_command(&self) -> Command {
+        let s = &self.settings;
+        let (start, end) = s.pool();
+        let mut c = Command::new("dnsmasq");
+        c.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--bind-interfaces",
+        ])
+        .arg(format!("--interface={}", s.bridge))
+        .arg("--except-interface=lo")
+        .arg(format!("--listen-address={}", s.gateway))
+        .arg(format!(
+            "--dhcp-range={start},{end},{},1h",
+            Ipv4Addr::from(s.mask())
+        ))
+        .arg(format!("--dhcp-leasefile={}", self.leases.display()))
+        .args([
+            "--dhcp-authoritative",
+            "--domain=domus",
+            "--local=/domus/",
+            "--expand-hosts",
+        ])
+        .arg(format!("--host-record=host.domus,{}", s.gateway))
+        .args(["--pid-file", "--log-facility=-", "--log-dhcp"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        c
+    }
+
+    fn spawn_dnsmasq(&self) -> std::io::Result<Child> {
+        self.dnsmasq_command()
+            .spawn()
+            .map_err(|e| std::io::Error::other(format!("dnsmasq (Debian's dnsmasq-base): {e}")))
+    }
+
+    /// A thread that passes on what dnsmasq says and starts it again when
+    /// it ends (at most once every 5 s).
+    fn watch(&self, log: Arc<dyn Fn(String) + Send + Sync>) {
+        let slot = self.dnsmasq.clone();
+        let cmd = Mutex::new(self.dnsmasq_command());
+        let _ = std::thread::Builder::new()
+            .name("dnsmasq".into())
+            .spawn(move || loop {
+                let err = slot
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                    .and_then(|c| c.stderr.take());
+                if let Some(err) = err {
+                    use std::io::BufRead;
+                    for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                        log(format!("dnsmasq: {line}"));
+                    }
+                }
+                let status = slot
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                    .and_then(|c| c.wait().ok());
+                log(format!(
+                    "dnsmasq ended ({status:?}): starting it again in 5 s"
+                ));
+                std::thread::sleep(Duration::from_secs(5));
+                let next = cmd.lock().unwrap_or_else(|e| e.into_inner()).spawn();
+                match next {
+                    Ok(c) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(c),
+                    Err(e) => {
+                        log(format!("dnsmasq could not start again: {e}"));
+                        return;
+                    }
+                }
+            });
+    }
+
+    /// The leases dnsmasq has given.
+    pub fn leases(&self) -> Vec<Lease> {
+        parse_leases(&std::fs::read_to_string(&self.leases).unwrap_or_default())
+    }
+}
+
+/// dnsmasq's lease file: `EXPIRY MAC IP HOSTNAME CLIENT-ID` per line
+/// (`*` for no hostname); lines that do not parse are left out.
+pub fn parse_leases(text: &str) -> Vec<Lease> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 4 {
+                return None;
+            }
+            Some(Lease {
+                expires: f[0].parse().ok()?,
+                mac: f[1].to_ascii_lowercase(),
+                ip: f[2].parse().ok()?,
+                hostname: (f[3] != "*").then(|| f[3].to_string()),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subnet_is_read_checked_and_pooled_around_its_gateway() {
+        let s = NetSettings::parse("domus0", "10.200.0.1/24").unwrap();
+        assert_eq!(s.network(), Ipv4Addr::new(10, 200, 0, 0));
+        assert_eq!(s.broadcast(), Ipv4Addr::new(10, 200, 0, 255));
+        assert_eq!(
+            s.pool(),
+            (Ipv4Addr::new(10, 200, 0, 2), Ipv4Addr::new(10, 200, 0, 254))
+        );
+        assert!(s.holds(Ipv4Addr::new(10, 200, 0, 9)));
+        assert!(!s.holds(Ipv4Addr::new(10, 200, 0, 1)));
+        assert!(!s.holds(Ipv4Addr::new(10, 200, 1, 9)));
+        let t = NetSettings::parse("br-x", "192.168.7.254/24").unwrap();
+        assert_eq!(t.pool().1, Ipv4Addr::new(192, 168, 7, 253));
+        assert_eq!(t.nat_table(), "domus_nat_br_x");
+        for bad in [
+            "10.0.0.1",
+            "10.0.0.0/24",
+            "10.0.0.255/24",
+            "10.0.0.1/31",
+            "x/24",
+            "10.0.0.1/8x",
+        ] {
+            assert!(NetSettings::parse("domus0", bad).is_err(), "{bad}");
+        }
+        assert!(NetSettings::parse("a/b", "10.0.0.1/24").is_err());
+    }
+
+    #[test]
+    fn leases_are_read_as_dnsmasq_writes_them() {
+        let l = parse_leases(
+            "1764072000 52:54:00:AA:bb:01 10.200.0.57 web 01:52:54:00:aa:bb:01\n\
+             1764072001 52:54:00:aa:bb:02 10.200.0.58 * *\n\
+             garbage\n",
+        );
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].mac, "52:54:00:aa:bb:01");
+        assert_eq!(l[0].hostname.as_deref(), Some("web"));
+        assert_eq!(l[1].hostname, None);
+    }
+}
