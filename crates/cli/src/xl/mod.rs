@@ -443,7 +443,15 @@ pub struct ShutdownArgs {
     /// With -w: give up after this many seconds (exit status 1).
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub timeout: u64,
+    /// With -w: destroy the domain if it has not stopped when the wait ends
+    /// (xl's fallback for a guest that ignores the power button).
+    #[arg(short = 'F', long, requires = "wait")]
+    pub force: bool,
 }
+
+/// How long a guest may take to show it heard the power button before
+/// `-w` says that it may not be listening.
+const BUTTON_HINT_S: u64 = 10;
 
 /// shutdown and reboot: press the guest's power button through the daemon,
 /// and with -w wait for the outcome.
@@ -466,9 +474,27 @@ pub fn shutdown(name: &str, a: ShutdownArgs) -> ExitCode {
             a.timeout
         );
         let id = before.id.to_string();
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(a.timeout);
+        let pressed = std::time::Instant::now();
+        let end = pressed + std::time::Duration::from_secs(a.timeout);
+        let mut hinted = false;
         while std::time::Instant::now() < end {
             std::thread::sleep(std::time::Duration::from_millis(200));
+            if !hinted && pressed.elapsed().as_secs() >= BUTTON_HINT_S.min(a.timeout / 2) {
+                hinted = true;
+                eprintln!(
+                    "domus: domain {dom} still runs {} s after its power button was pressed; \
+                     a guest without systemd-logind (and dbus) or acpid ignores the button{}",
+                    pressed.elapsed().as_secs(),
+                    if a.force {
+                        format!(
+                            ": it is destroyed if it has not stopped in {} s (-F)",
+                            a.timeout
+                        )
+                    } else {
+                        " (-F destroys it when the wait ends; `domus destroy` stops it now)".into()
+                    }
+                );
+            }
             let now = match c.domain(&id) {
                 Ok(d) => d,
                 // Gone: destroyed by on_poweroff (or on_reboot) = destroy.
@@ -510,8 +536,17 @@ pub fn shutdown(name: &str, a: ShutdownArgs) -> ExitCode {
                 _ => {}
             }
         }
+        if a.force {
+            c.destroy(&id).map_err(failed)?;
+            println!(
+                "domain {dom} did not {name} within {} s: destroyed (-F)",
+                a.timeout
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         Err(format!(
-            "domain {dom} did not {name} within {} s (does its guest handle the ACPI power button? `domus destroy` stops it at once)",
+            "domain {dom} did not {name} within {} s (does its guest handle the ACPI power button? \
+             -F destroys it when the wait ends; `domus destroy` stops it at once)",
             a.timeout
         ))
     })

@@ -238,6 +238,21 @@ fn daemon_create_c_shows_the_console_and_shutdown_w_stops_the_guest() {
     let (_, log, _) = domus_cli(&state, &["dmesg"]);
     assert!(log.contains("asked domain down to poweroff"), "{log}");
     assert!(log.contains("domain down powered off"), "{log}");
+
+    // A guest that ignores the button (no acpid): -w says so, gives up,
+    // and with -F destroys it when the wait ends.
+    let deaf = "killall acpid; echo guest-up; sleep 600";
+    let cfg = spin_config(&dir, "deaf", "", deaf);
+    assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
+    let id = describe("deaf").unwrap().id;
+    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    let (ok, _, err) = domus_cli(&state, &["shutdown", "-w", "--timeout", "4", "deaf"]);
+    assert!(!ok && err.contains("-F destroys it"), "{err}");
+    assert!(err.contains("ignores the button"), "{err}");
+    assert!(describe("deaf").is_some());
+    let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "-F", "--timeout", "4", "deaf"]);
+    assert!(ok && out.contains("destroyed (-F)"), "{out}{err}");
+    assert!(describe("deaf").is_none());
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
