@@ -46,7 +46,11 @@ impl NetSettings {
         if s.gateway == s.network() || s.gateway == s.broadcast() {
             return Err(format!("{a} is the subnet's own address, not a host's"));
         }
-        if bridge.is_empty() || bridge.len() > 15 || bridge.contains('/') {
+        // It goes into nft's and dnsmasq's arguments: a plain name only.
+        let plain = bridge
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if bridge.is_empty() || bridge.len() > 15 || !plain {
             return Err(format!("'{bridge}' is not a network interface name"));
         }
         Ok(s)
@@ -110,6 +114,9 @@ pub struct Lease {
 pub struct DefaultNet {
     pub settings: NetSettings,
     leases: PathBuf,
+    /// The running dnsmasq's pid (written by the daemon: dnsmasq in the
+    /// foreground writes none), for the next daemon to stop a stale one.
+    pid_file: PathBuf,
     dnsmasq: Arc<Mutex<Option<Child>>>,
 }
 
@@ -175,8 +182,12 @@ impl DefaultNet {
         let net = DefaultNet {
             settings: s.clone(),
             leases: dir.join(format!("{br}.leases")),
+            pid_file: dir.join(format!("{br}.pid")),
             dnsmasq: Arc::new(Mutex::new(None)),
         };
+        // A dnsmasq left by a daemon that was killed holds the bridge's
+        // ports: it goes first.
+        net.stop_stale();
         let first = net.spawn_dnsmasq()?;
         *net.dnsmasq.lock().unwrap_or_else(|e| e.into_inner()) = Some(first);
         net.watch(log);
@@ -215,9 +226,7 @@ impl DefaultNet {
     }
 
     fn spawn_dnsmasq(&self) -> std::io::Result<Child> {
-        self.dnsmasq_command()
-            .spawn()
-            .map_err(|e| std::io::Error::other(format!("dnsmasq (Debian's dnsmasq-base): {e}")))
+        spawn_recorded(&mut self.dnsmasq_command(), &self.pid_file)
     }
 
     /// A thread that passes on what dnsmasq says and starts it again when
@@ -225,6 +234,7 @@ impl DefaultNet {
     fn watch(&self, log: Arc<dyn Fn(String) + Send + Sync>) {
         let slot = self.dnsmasq.clone();
         let cmd = Mutex::new(self.dnsmasq_command());
+        let pid_file = self.pid_file.clone();
         let _ = std::thread::Builder::new()
             .name("dnsmasq".into())
             .spawn(move || loop {
@@ -248,7 +258,10 @@ impl DefaultNet {
                     "dnsmasq ended ({status:?}): starting it again in 5 s"
                 ));
                 std::thread::sleep(Duration::from_secs(5));
-                let next = cmd.lock().unwrap_or_else(|e| e.into_inner()).spawn();
+                let next = spawn_recorded(
+                    &mut cmd.lock().unwrap_or_else(|e| e.into_inner()),
+                    &pid_file,
+                );
                 match next {
                     Ok(c) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(c),
                     Err(e) => {
@@ -259,10 +272,43 @@ impl DefaultNet {
             });
     }
 
+    /// Kills the dnsmasq the pid file names, if that process is a dnsmasq.
+    fn stop_stale(&self) {
+        let Some(pid) = std::fs::read_to_string(&self.pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .filter(|p| *p > 1)
+        else {
+            return;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "dnsmasq" {
+            // SAFETY: kill(2) on a dnsmasq this daemon's state directory
+            // started (its pid file says so); no memory is involved.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            for _ in 0..50 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+
     /// The leases dnsmasq has given.
     pub fn leases(&self) -> Vec<Lease> {
         parse_leases(&std::fs::read_to_string(&self.leases).unwrap_or_default())
     }
+}
+
+/// Starts dnsmasq and records its pid in `pid_file`.
+fn spawn_recorded(cmd: &mut Command, pid_file: &Path) -> std::io::Result<Child> {
+    let child = cmd
+        .spawn()
+        .map_err(|e| std::io::Error::other(format!("dnsmasq (Debian's dnsmasq-base): {e}")))?;
+    std::fs::write(pid_file, child.id().to_string())?;
+    Ok(child)
 }
 
 /// dnsmasq's lease file: `EXPIRY MAC IP HOSTNAME CLIENT-ID` per line
@@ -313,7 +359,9 @@ mod tests {
         ] {
             assert!(NetSettings::parse("domus0", bad).is_err(), "{bad}");
         }
-        assert!(NetSettings::parse("a/b", "10.0.0.1/24").is_err());
+        for bad in ["a/b", "a\"b", "a b", "", "sixteen-letters!"] {
+            assert!(NetSettings::parse(bad, "10.0.0.1/24").is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -50,7 +50,8 @@ impl Daemon {
         std::fs::create_dir_all(&dir)?;
         let base = info.dir.join(&rec.disk);
         let overlay = dir.join(format!("{}.qcow2", c.name));
-        if overlay.exists() {
+        let reused = overlay.exists();
+        if reused {
             // Kept from an earlier domain of this name: used again if it is
             // an overlay on this image.
             let f = std::fs::File::open(&overlay)?;
@@ -91,7 +92,8 @@ impl Daemon {
             },
         );
         if let Err(e) = made {
-            if !u.keep {
+            // Only what this call made goes: a kept overlay stays.
+            if !reused {
                 let _ = std::fs::remove_file(&overlay);
             }
             return Err(Error::Invalid(format!(

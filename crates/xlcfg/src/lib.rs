@@ -265,6 +265,24 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             ));
         }
     }
+    // xl's domain types: a PV or PVH guest is what Domus boots (a kernel,
+    // directly); HVM (firmware, emulated devices) it does not do.
+    if let Some(t) = get("type") {
+        let ty = string(&t).map_err(|m| invalid(&t, m))?;
+        match ty.as_str() {
+            "pv" | "pvh" => {}
+            "hvm" => {
+                return Err(invalid(
+                    &t,
+                    "not supported: HVM domains (firmware and emulated devices); Domus boots a \
+                     kernel directly, as xl's PVH: set kernel (and ramdisk) or image = \"NAME\" \
+                     and drop type"
+                        .into(),
+                ))
+            }
+            o => return Err(invalid(&t, format!("'{o}' is not pv, pvh or hvm"))),
+        }
+    }
     let name = match get("name") {
         Some(s) => {
             let n = string(&s).map_err(|m| invalid(&s, m))?;
@@ -542,6 +560,13 @@ pool = "Pool-0"
         assert_eq!(c.cmdline, "root=/dev/vda rw quiet console=ttyS0");
         assert_eq!(c.image.unwrap().name, "deb12");
         assert!(load("i.cfg", "name='i'\nkernel='/k'\nimage_keep=1", &[]).is_err());
+    }
+
+    #[test]
+    fn an_hvm_domain_is_refused_saying_what_to_do() {
+        let e = load("x.cfg", "name='h'\ntype='hvm'\nbuilder='hvm'", &[]).unwrap_err();
+        assert!(e.to_string().contains("not supported: HVM"), "{e}");
+        assert!(load("x.cfg", "name='p'\ntype='pvh'\nkernel='/k'", &[]).is_ok());
     }
 
     #[test]
