@@ -51,7 +51,8 @@ impl Seed {
     pub fn user_data(&self) -> String {
         let mut s = String::from("#cloud-config\n");
         s.push_str(&format!("hostname: {}\n", quoted(&self.hostname)));
-        s.push_str("ssh_pwauth: false\n");
+        // No ssh_pwauth: setting it makes cloud-init restart sshd late in
+        // the boot (the default user has no password anyway).
         if !self.ssh_keys.is_empty() {
             s.push_str("ssh_authorized_keys:\n");
             for k in &self.ssh_keys {

@@ -148,12 +148,22 @@ fn exclusive_an_image_domain_boots_gets_an_address_and_answers_ssh_with_the_inje
     assert!(up, "no SSH login within 300 s: {last}");
     let ssh_s = started.elapsed().as_secs_f64();
     // systemd reached multi-user with no failed unit.
-    let (_, state_of, err) = ssh(
-        &key,
-        &known,
-        &ip,
-        "systemctl is-system-running --wait; systemctl --failed --no-legend --plain",
-    );
+    // (Asked again while sshd is not answering: cloud-init may restart it
+    // before the boot is done.)
+    let (mut state_of, mut err) = (String::new(), String::new());
+    for _ in 0..30 {
+        let (_, out, e) = ssh(
+            &key,
+            &known,
+            &ip,
+            "systemctl is-system-running --wait; systemctl --failed --no-legend --plain",
+        );
+        (state_of, err) = (out, e);
+        if !state_of.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
     assert_eq!(state_of.trim(), "running", "{state_of}{err}");
     let (ok, out, err) = ssh(&key, &known, &ip, "getent hosts host.domus");
     assert!(ok && out.starts_with("10.201.0.1 "), "{out}{err}");
