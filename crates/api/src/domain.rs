@@ -55,6 +55,81 @@ pub struct Vif {
     /// Bytes per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<u64>,
+    /// The virtual firewall-router's inbound rule: when `tcp` or `udp` is
+    /// given, new inbound connections reach only the ports listed (of
+    /// either protocol; replies to the domain's own connections always do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<Vec<PortRange>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<Vec<PortRange>>,
+    /// No traffic between this interface and other domains' (the host and
+    /// the outside world are still reached).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub isolated: bool,
+}
+
+impl Vif {
+    /// The addresses of `ip=` (xl's: one or more, separated by spaces).
+    pub fn addresses(&self) -> Result<Vec<std::net::IpAddr>, String> {
+        self.ip
+            .as_deref()
+            .unwrap_or("")
+            .split_whitespace()
+            .map(|a| {
+                a.parse()
+                    .map_err(|_| format!("ip '{a}' is not an IP address"))
+            })
+            .collect()
+    }
+
+    /// Whether inbound connections are limited to listed ports.
+    pub fn filters_ports(&self) -> bool {
+        self.tcp.is_some() || self.udp.is_some()
+    }
+}
+
+/// Ports `first` to `last`, both included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    /// `22` or `8000-8080` (ports 1 to 65535, ascending).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let port = |p: &str| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("'{p}' is not a port (1 to 65535)"))
+        };
+        let r = match s.split_once('-') {
+            Some((a, b)) => PortRange {
+                first: port(a)?,
+                last: port(b)?,
+            },
+            None => {
+                let p = port(s)?;
+                PortRange { first: p, last: p }
+            }
+        };
+        if r.first > r.last {
+            return Err(format!("port range '{s}' runs backwards"));
+        }
+        Ok(r)
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
 }
 
 /// A domain's configuration.

@@ -51,6 +51,7 @@ mod resources;
 mod rollbacks;
 mod snapshot;
 mod supervise;
+pub mod vfr;
 mod watch;
 
 use domus_jail::{Job, Process};

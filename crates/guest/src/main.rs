@@ -20,7 +20,13 @@
 //!   the guest's own view of how long it was stopped (bench/migration);
 //! * `dirty MIB`: writes every page of MIB MiB of memory, over and over,
 //!   for ever: a guest that dirties memory faster than a live migration
-//!   can send it.
+//!   can send it;
+//! * `spoof IFACE MAC IP VICTIM`: sends on IFACE (its MAC and IPv4 address
+//!   given) one legitimate broadcast frame and the frames a hostile domain
+//!   would: from another MAC, from VICTIM's address, an ARP reply claiming
+//!   VICTIM's address, and IPv6 (`domus_guest::frames`);
+//! * `sniff IFACE SECONDS`: counts the frames of each of those kinds seen
+//!   on IFACE for SECONDS, and prints `legit=N mac=N ip=N arp=N ip6=N`.
 //!
 //! Streams print `bytes=N hash=H mbs=X`: a checksum of what went over the
 //! wire, so two ends can be compared.
@@ -32,7 +38,7 @@ use domus_guest::agent;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB"
+        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
     );
     std::process::exit(2);
 }
@@ -80,6 +86,39 @@ fn main() {
                 usage()
             };
             gaps(ms)
+        }
+        "spoof" => {
+            use domus_guest::frames;
+            let (Some(iface), Some(mac), Some(ip), Some(victim)) = (
+                args.get(1),
+                args.get(2).and_then(|m| frames::parse_mac(m)),
+                args.get(3).and_then(|a| a.parse().ok()),
+                args.get(4).and_then(|a| a.parse().ok()),
+            ) else {
+                usage()
+            };
+            let fs: Vec<Vec<u8>> = frames::test_frames(mac, ip, victim)
+                .into_iter()
+                .map(|(_, f)| f)
+                .collect();
+            if let Err(e) = frames::send(iface, &fs) {
+                eprintln!("domus-guest spoof: {e}");
+                std::process::exit(1);
+            }
+        }
+        "sniff" => {
+            use domus_guest::frames;
+            let (Some(iface), Some(secs)) = (args.get(1), args.get(2).and_then(|s| s.parse().ok()))
+            else {
+                usage()
+            };
+            match frames::sniff(iface, secs) {
+                Ok(c) => println!("{}", frames::report(&c)),
+                Err(e) => {
+                    eprintln!("domus-guest sniff: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         _ => usage(),
     }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::{Disk, Vif};
+use domus_api::domain::PortRange;
 
 /// A host CPU list: "3", "0-3", "0-3,6,^2" is not supported; "all".
 pub fn parse_cpulist(s: &str) -> Result<Vec<u32>, String> {
@@ -127,7 +128,9 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 }
 
 /// xl's vif spec: `key=value` pairs (mac, bridge, ip, rate; others are
-/// ignored with a warning).
+/// ignored with a warning), and the virtual firewall-router's own: `tcp=`
+/// and `udp=` (the inbound ports allowed, separated by spaces, ranges as
+/// `8000-8080`; an empty list allows none) and `isolated=1`.
 pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> {
     let mut v = Vif::default();
     for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -153,12 +156,32 @@ pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> 
                 v.bridge = Some(val.to_string());
             }
             "ip" => {
-                if val.parse::<std::net::IpAddr>().is_err() {
-                    return Err(format!("ip '{val}' is not an IP address"));
+                let words: Vec<&str> = val.split_whitespace().collect();
+                if words.is_empty() {
+                    return Err("ip= names no address".into());
                 }
-                v.ip = Some(val.to_string());
+                v.ip = Some(words.join(" "));
+                v.addresses()?;
             }
             "rate" => v.rate = Some(parse_rate(val)?),
+            "tcp" | "udp" => {
+                let ports = val
+                    .split_whitespace()
+                    .map(PortRange::parse)
+                    .collect::<Result<Vec<_>, _>>()?;
+                if k.trim() == "tcp" {
+                    v.tcp = Some(ports);
+                } else {
+                    v.udp = Some(ports);
+                }
+            }
+            "isolated" => {
+                v.isolated = match val {
+                    "1" | "yes" | "true" => true,
+                    "0" | "no" | "false" => false,
+                    _ => return Err(format!("isolated '{val}' is not 0 or 1")),
+                }
+            }
             k => warnings.push(format!("vif key '{k}' is ignored")),
         }
     }
@@ -217,8 +240,42 @@ mod tests {
                 bridge: Some("br0".into()),
                 ip: Some("10.0.0.2".into()),
                 rate: Some(1_250_000),
+                ..Vif::default()
             }
         );
         assert!(w.is_empty());
+        let v = parse_vif(
+            "ip=10.0.0.3  fd00::3,tcp=22 8000-8080,udp=,isolated=1",
+            &mut w,
+        )
+        .unwrap();
+        assert_eq!(v.ip.as_deref(), Some("10.0.0.3 fd00::3"));
+        assert_eq!(v.addresses().unwrap().len(), 2);
+        assert_eq!(
+            v.tcp,
+            Some(vec![
+                PortRange {
+                    first: 22,
+                    last: 22
+                },
+                PortRange {
+                    first: 8000,
+                    last: 8080
+                }
+            ])
+        );
+        assert_eq!(v.udp, Some(vec![]));
+        assert!(v.isolated && v.filters_ports());
+        for bad in [
+            "ip=10.0.0.300",
+            "ip=",
+            "tcp=0",
+            "tcp=90-80",
+            "udp=65536",
+            "tcp=ssh",
+            "isolated=maybe",
+        ] {
+            assert!(parse_vif(bad, &mut w).is_err(), "{bad}");
+        }
     }
 }
