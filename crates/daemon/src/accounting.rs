@@ -71,6 +71,26 @@ impl Daemon {
                 ));
             }
         }
+        // The virtual firewall-router's counts, by interface and verdict.
+        let counts = self.vfr_counters();
+        if !counts.is_empty() {
+            let name = "domus_vif_vfr_packets_total";
+            out.push_str(&format!(
+                "# HELP {name} packets a domain sent that its interface's virtual \
+                 firewall-router rules passed (verdict=\"passed\") or dropped, by reason\n\
+                 # TYPE {name} counter\n"
+            ));
+            for (r, _) in &ds {
+                for tap in self.taps(r.id) {
+                    for (verdict, n) in counts.get(&tap).into_iter().flatten() {
+                        out.push_str(&format!(
+                            "{name}{{domain=\"{}\",id=\"{}\",tap=\"{tap}\",verdict=\"{verdict}\"}} {n}\n",
+                            r.name, r.id
+                        ));
+                    }
+                }
+            }
+        }
         Ok(out)
     }
 

@@ -11,8 +11,9 @@
 //!   sparse, and reflinked where the filesystem can; read-only disks are
 //!   shared;
 //! - new MAC addresses: a guest reads its MAC only when its driver probes
-//!   the device, so each interface is restored on a tap on no bridge (its
-//!   old MAC, the same in every clone, never reaches one), then unplugged,
+//!   the device, so each interface is restored on a tap whose virtual
+//!   firewall-router rules allow only a new MAC (its old one, the same in
+//!   every clone, never gets past the bridge's port), then unplugged,
 //!   and an interface with a new MAC is plugged on the saved bridge: the
 //!   guest sees the old one go and a new one come, as with
 //!   network-detach and network-attach;
@@ -117,9 +118,14 @@ impl Daemon {
                     copies.push(to.clone());
                     d.path = to;
                 }
-                // Restored on taps on no bridge: replaced below.
+                // Restored on taps that are replaced below: the create gives
+                // them MACs of their own, so the virtual firewall-router
+                // drops what the guest sends from the saved one meanwhile,
+                // and no address (the new interfaces get the default
+                // network's, or none).
                 for v in &mut c.vifs {
-                    v.bridge = None;
+                    v.mac = None;
+                    v.ip = None;
                 }
                 configs.push(c);
             }
@@ -248,6 +254,7 @@ impl Daemon {
                 dom,
                 Vif {
                     mac: None,
+                    ip: None,
                     ..vif.clone()
                 },
             )?;

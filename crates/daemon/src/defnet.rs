@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::network::ip;
+use crate::vfr::nft;
 
 /// `domus daemon --network`: what the default network is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,34 +115,13 @@ pub struct Lease {
 pub struct DefaultNet {
     pub settings: NetSettings,
     leases: PathBuf,
+    /// `MAC,IP` lines: the addresses `ip=` reserves (dnsmasq's
+    /// --dhcp-hostsfile, read again on SIGHUP).
+    hosts: PathBuf,
     /// The running dnsmasq's pid (written by the daemon: dnsmasq in the
     /// foreground writes none), for the next daemon to stop a stale one.
     pid_file: PathBuf,
     dnsmasq: Arc<Mutex<Option<Child>>>,
-}
-
-fn nft(script: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut c = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| std::io::Error::other(format!("nft (Debian's nftables): {e}")))?;
-    c.stdin
-        .take()
-        .expect("piped")
-        .write_all(script.as_bytes())?;
-    let out = c.wait_with_output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "nft: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
 }
 
 impl DefaultNet {
@@ -179,9 +159,13 @@ impl DefaultNet {
         ))?;
         let dir = state.join("network");
         std::fs::create_dir_all(&dir)?;
+        // Reservations are written again by the daemon from the domains
+        // that run (crate::vifs).
+        std::fs::write(dir.join(format!("{br}.hosts")), "")?;
         let net = DefaultNet {
             settings: s.clone(),
             leases: dir.join(format!("{br}.leases")),
+            hosts: dir.join(format!("{br}.hosts")),
             pid_file: dir.join(format!("{br}.pid")),
             dnsmasq: Arc::new(Mutex::new(None)),
         };
@@ -192,6 +176,20 @@ impl DefaultNet {
         *net.dnsmasq.lock().unwrap_or_else(|e| e.into_inner()) = Some(first);
         net.watch(log);
         Ok(net)
+    }
+
+    /// The default network as the daemon's tests see it: its settings,
+    /// and no bridge, rules or dnsmasq made.
+    #[cfg(test)]
+    pub fn stand_in(settings: NetSettings) -> Self {
+        let dir = std::env::temp_dir().join(format!("domus-defnet-{}", std::process::id()));
+        DefaultNet {
+            settings,
+            leases: dir.join("leases"),
+            hosts: dir.join("hosts"),
+            pid_file: dir.join("pid"),
+            dnsmasq: Arc::new(Mutex::new(None)),
+        }
     }
 
     fn dnsmasq_command(&self) -> Command {
@@ -211,6 +209,7 @@ impl DefaultNet {
             Ipv4Addr::from(s.mask())
         ))
         .arg(format!("--dhcp-leasefile={}", self.leases.display()))
+        .arg(format!("--dhcp-hostsfile={}", self.hosts.display()))
         .args([
             "--dhcp-authoritative",
             "--domain=domus",
@@ -294,6 +293,27 @@ impl DefaultNet {
             }
         }
         let _ = std::fs::remove_file(&self.pid_file);
+    }
+
+    /// Reserves each address for its MAC (and no other), telling dnsmasq
+    /// when that changed.
+    pub fn reserve(&self, entries: &[(String, Ipv4Addr)]) -> std::io::Result<()> {
+        let text: String = entries.iter().map(|(m, a)| format!("{m},{a}\n")).collect();
+        if std::fs::read_to_string(&self.hosts).ok().as_deref() == Some(text.as_str()) {
+            return Ok(());
+        }
+        std::fs::write(&self.hosts, text)?;
+        let pid = self
+            .dnsmasq
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.id());
+        if let Some(pid) = pid {
+            // SAFETY: kill(2) on the dnsmasq this daemon started (its Child).
+            unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+        }
+        Ok(())
     }
 
     /// The leases dnsmasq has given.

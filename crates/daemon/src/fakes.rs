@@ -343,6 +343,43 @@ pub fn host(stand_in: StandIn) -> HostOps {
         launcher: Box::new(stand_in),
         taps: Arc::new(FakeTaps::default()),
         groups: None,
+        firewall: Some(Arc::new(FakeFirewall::default())),
+    }
+}
+
+/// The virtual firewall-router's rules, kept in memory: what was applied,
+/// by tap.
+#[derive(Default)]
+pub struct FakeFirewall {
+    pub rules: Mutex<BTreeMap<String, crate::vfr::Policy>>,
+}
+
+impl crate::vfr::Firewall for FakeFirewall {
+    fn apply(&self, p: &crate::vfr::Policy) -> std::io::Result<()> {
+        self.rules.lock().unwrap().insert(p.tap.clone(), p.clone());
+        Ok(())
+    }
+
+    fn remove(&self, tap: &str) -> std::io::Result<()> {
+        self.rules.lock().unwrap().remove(tap);
+        Ok(())
+    }
+
+    fn reconcile(&self, ps: &[crate::vfr::Policy]) -> std::io::Result<()> {
+        *self.rules.lock().unwrap() = ps.iter().map(|p| (p.tap.clone(), p.clone())).collect();
+        Ok(())
+    }
+
+    fn learn(&self, _tap: &str, _v4: &[std::net::Ipv4Addr]) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn counters(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        BTreeMap::new()
+    }
+
+    fn policies(&self) -> Vec<crate::vfr::Policy> {
+        self.rules.lock().unwrap().values().cloned().collect()
     }
 }
 

@@ -172,6 +172,7 @@ mod tests {
             launcher: Box::new(StandIn::new(Duration::ZERO, None)),
             taps: taps.clone(),
             groups: None,
+            firewall: None,
         };
         let policy = Policy {
             jail: Some(70_000),

@@ -52,6 +52,7 @@ mod rollbacks;
 mod snapshot;
 mod supervise;
 pub mod vfr;
+mod vifs;
 mod watch;
 
 use domus_jail::{Job, Process};
@@ -294,6 +295,8 @@ pub struct HostOps {
     /// None: the host has no cgroup v2 controllers (no weights, caps or
     /// memory.max).
     pub groups: Option<Box<dyn Groups>>,
+    /// The virtual firewall-router (None: `--no-vfr`).
+    pub firewall: Option<Arc<dyn vfr::Firewall>>,
 }
 
 impl HostOps {
@@ -318,6 +321,7 @@ impl HostOps {
             launcher: Box::new(Exec),
             taps: Arc::new(IpTaps),
             groups,
+            firewall: None,
         })
     }
 }
@@ -377,6 +381,8 @@ pub struct Settings {
     pub tcp: Option<TcpApi>,
     /// Run without cgroups (no CPU or memory limits).
     pub no_cgroups: bool,
+    /// Run without the virtual firewall-router (`--no-vfr`).
+    pub no_vfr: bool,
 }
 
 /// Runs the command.
@@ -538,6 +544,7 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         network,
         tcp,
         no_cgroups,
+        no_vfr,
     } = settings;
     // What the daemon and the VMMs it starts make (logs, sockets, specs)
     // is the owner's alone.
@@ -545,7 +552,10 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
     unsafe { libc::umask(0o077) };
     // Before anything is bound or opened: a host that cannot enforce limits
     // is refused at once (unless --no-cgroups).
-    let host = HostOps::real(!no_cgroups)?;
+    let mut host = HostOps::real(!no_cgroups)?;
+    if !no_vfr {
+        host.firewall = Some(Arc::new(vfr::Nft::new(&instance_tag(&state))));
+    }
     let domus = std::env::current_exe()?;
     std::fs::create_dir_all(&state)?;
     let listener = domus_http::bind(&socket_path(&state))
@@ -602,6 +612,16 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         ));
         let _ = d.network.set(net);
     }
+    if no_vfr {
+        let msg = "running WITHOUT the virtual firewall-router (--no-vfr): domains' interfaces \
+                   are not filtered, so a domain can send frames with any MAC or address";
+        tracing::warn!("{msg}");
+        d.log(msg);
+    }
+    // The rules of exactly the domains that run, whatever the last daemon
+    // left; then the DHCP leases, as dnsmasq gives them.
+    d.reconcile_vfr()?;
+    d.watch_leases();
     let h = d.clone();
     domus_http::spawn_server(
         "domusd-api",

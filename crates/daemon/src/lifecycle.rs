@@ -212,7 +212,12 @@ impl Daemon {
         // the memory) happen under the lifecycle lock; starting the VMM does
         // not, so creates run side by side.
         let guard = lock(&self.lifecycle);
-        refuse_taken(&lock(&self.db).all()?, c)?;
+        let rows = lock(&self.db).all()?;
+        refuse_taken(&rows, c)?;
+        // Its interfaces' MACs given, their addresses checked.
+        let mut c = c.clone();
+        self.check_vifs(&rows, &mut c)?;
+        let c = &c;
         self.admit(c.maxmem_mib, None)?;
         let row = db::Row {
             id: 0,
@@ -340,14 +345,11 @@ impl Daemon {
         // A restart finds the taps of the VMM that ended (hot-plugged ones
         // too): start afresh.
         for t in self.taps(r.id) {
-            let _ = self.host.taps.remove(&t);
+            self.unplug_tap(&t);
         }
         for (i, v) in c.vifs.iter().enumerate() {
             let tap = self.tap_name(r.id, i);
-            self.host
-                .taps
-                .add(&tap, self.bridge_of(v), owner)
-                .map_err(crate::network::tap_error)?;
+            self.plug_tap(&tap, v, owner)?;
             spec.nets.push(net_spec(tap, v, v.mac.clone()));
         }
         let spec_file = dir.join("vm.json");
@@ -468,7 +470,7 @@ impl Daemon {
         taps.extend(self.taps(r.id));
         taps.dedup();
         for t in taps {
-            let _ = self.host.taps.remove(&t);
+            self.unplug_tap(&t);
         }
         if let Some(groups) = &self.host.groups {
             let name = self.cgroup_name(r.id);
@@ -588,10 +590,27 @@ impl Daemon {
     }
 
     /// A running domain's devices, as its VMM shows them; an interface
-    /// with a lease on the default network shows its address (`ip`).
+    /// with a lease on the default network shows its address (`ip`), and
+    /// each its virtual firewall-router's counts (`vfr_passed`, and
+    /// `vfr_mac`, `vfr_ip`, ... for each reason to drop, `vfr_dropped` in
+    /// all).
     pub fn devices(&self, dom: &str) -> Result<Vec<DeviceInfo>> {
         let r = self.find(dom)?;
         let mut devs = self.vmm(&r)?.devices().map_err(vmm_error(&r))?;
+        let counts = self.vfr_counters();
+        for d in devs.iter_mut().filter(|d| d.kind == "net") {
+            if let Some(c) = counts.get(d.fact("tap")) {
+                let dropped = c
+                    .iter()
+                    .filter(|(k, _)| *k != "passed")
+                    .map(|(_, n)| n)
+                    .sum();
+                for (k, n) in c {
+                    d.counters.insert(format!("vfr_{k}"), *n);
+                }
+                d.counters.insert("vfr_dropped".into(), dropped);
+            }
+        }
         if let Some(net) = self.network.get() {
             let leases = net.leases();
             for d in devs.iter_mut().filter(|d| d.kind == "net") {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use domus_api::daemon::State;
 use domus_api::vmm::{DeviceInfo, PlugRequest, Unplugging};
 
-use crate::{vmm_error, Daemon, Error, Result};
+use crate::{lock, vmm_error, Daemon, Error, Result};
 
 pub(crate) fn ip(args: &[&str]) -> std::io::Result<()> {
     let out = Command::new("ip").args(args).output()?;
@@ -140,12 +140,7 @@ impl Daemon {
             .find(|i| !taps.contains(&self.tap_name(r.id, *i)))
             .unwrap_or(0);
         let tap = self.tap_name(r.id, i);
-        let mac = vif.mac.clone().unwrap_or_else(|| {
-            let mut b = [0u8; 3];
-            // SAFETY: getrandom writes at most b.len() bytes into b.
-            unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-            format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
-        });
+        let mac = vif.mac.clone().unwrap_or_else(crate::vifs::random_mac);
         vif.mac = Some(mac.clone());
         if r.state != State::Running {
             return Err(Error::WrongState {
@@ -153,13 +148,13 @@ impl Daemon {
                 state: r.state,
             });
         }
+        let mut own = r.config.clone();
+        own.vifs.push(vif.clone());
+        self.check_vifs(&lock(&self.db).all()?, &mut own)?;
         // A jailed VMM, no longer root, may open only a tap that is its
         // user's.
         let owner = self.running_jail(&r).map(|j| (j.uid, j.gid));
-        self.host
-            .taps
-            .add(&tap, self.bridge_of(&vif), owner)
-            .map_err(tap_error)?;
+        self.plug_tap(&tap, &vif, owner)?;
         let made = (|| -> Result<DeviceInfo> {
             let mut net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
             // A jailed VMM cannot open /dev/net/tun: it is handed one.
@@ -176,7 +171,7 @@ impl Daemon {
         let dev = match made {
             Ok(d) => d,
             Err(e) => {
-                let _ = self.host.taps.remove(&tap);
+                self.unplug_tap(&tap);
                 return Err(e);
             }
         };
@@ -232,14 +227,18 @@ impl Daemon {
         // The tap goes once the guest has let go and the VMM closed it (at
         // most 60 s later; if the guest never does, destroy removes it).
         let (api, dev) = (api.with_timeout(Duration::from_secs(2)), id.clone());
-        let taps = self.host.taps.clone();
+        let (taps, fw) = (self.host.taps.clone(), self.host.firewall.clone());
         std::thread::spawn(move || {
             let end = Instant::now() + Duration::from_secs(60);
             while Instant::now() < end {
                 match api.device(&dev) {
                     Ok(_) => std::thread::sleep(Duration::from_millis(200)),
                     _ => {
+                        // As Daemon::unplug_tap: the tap, then its rules.
                         let _ = taps.remove(&tap);
+                        if let Some(fw) = fw {
+                            let _ = fw.remove(&tap);
+                        }
                         return;
                     }
                 }

@@ -26,6 +26,7 @@ fn admission_counts_maxmem_and_the_vmm_not_the_ballooned_memory() {
             launcher: Box::new(s),
             taps: Arc::new(FakeTaps::default()),
             groups: Some(Box::new(groups)),
+            firewall: None,
         },
     );
     let hostmem = crate::host_memory_mib();
@@ -192,6 +193,84 @@ fn migrations_are_refused_before_anything_moves() {
     assert!(matches!(e, Error::NameInUse(_)), "{e}");
     assert_eq!(started.lock().unwrap().len(), 1, "only a's VMM started");
     d.destroy("a").unwrap();
+    assert_nothing_left(&d, &state, &started.lock().unwrap());
+    let _ = std::fs::remove_dir_all(state);
+}
+
+#[test]
+fn addresses_off_the_network_or_taken_are_refused_and_macs_are_given() {
+    let s = stand_in();
+    let started = s.started.clone();
+    let (d, state) = daemon("addrs", host(s));
+    // The fakes' taps take bridge br0 only: the default network is on it.
+    let net = crate::NetSettings::parse("br0", "10.77.0.1/24").unwrap();
+    assert!(d
+        .network
+        .set(crate::defnet::DefaultNet::stand_in(net))
+        .is_ok());
+    d.create(
+        "a.cfg",
+        "/",
+        &config("a", "vif = ['ip=10.77.0.5', '']"),
+        &[],
+    )
+    .unwrap();
+    let a = d.find("a").unwrap().config;
+    assert!(a.vifs.iter().all(|v| v.mac.is_some()), "MACs given: {a:?}");
+    let vfr = d.host.firewall.as_ref().unwrap().policies();
+    assert_eq!(vfr.len(), 2);
+    assert!(vfr.iter().all(|p| p.dhcp));
+    assert!(vfr
+        .iter()
+        .any(|p| p.v4 == crate::vfr::V4::Only(vec![std::net::Ipv4Addr::new(10, 77, 0, 5)])));
+    assert!(vfr.iter().any(|p| p.v4 == crate::vfr::V4::Leased));
+    let n = started.lock().unwrap().len();
+    for (vif, why) in [
+        ("vif = ['ip=10.77.0.5']", "is domain a's"),
+        (
+            "vif = ['ip=10.78.0.5']",
+            "not a domain's address on the default network",
+        ),
+        (
+            "vif = ['ip=10.77.0.1']",
+            "not a domain's address on the default network",
+        ),
+        (
+            "vif = ['ip=10.77.0.255']",
+            "not a domain's address on the default network",
+        ),
+        (
+            "vif = ['ip=10.77.0.6', 'ip=10.77.0.6']",
+            "given to two of domain b's interfaces",
+        ),
+    ] {
+        let e = d.create("b.cfg", "/", &config("b", vif), &[]).unwrap_err();
+        assert!(
+            matches!(e, Error::Invalid(_)) && e.to_string().contains(why),
+            "{vif}: {e}"
+        );
+        assert!(d.find("b").is_err());
+    }
+    assert_eq!(started.lock().unwrap().len(), n, "nothing started");
+    // The same address on another bridge is another network's.
+    let e = d
+        .create(
+            "b.cfg",
+            "/",
+            &config("b", "vif = ['ip=10.77.0.5,bridge=br1']"),
+            &[],
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("no bridge 'br1'"),
+        "refused only for its bridge: {e}"
+    );
+    // Hot-plug is checked as create is.
+    let e = d.network_attach("a", "ip=10.77.0.5").unwrap_err();
+    assert!(e.to_string().contains("given to two of domain a's"), "{e}");
+    assert_eq!(d.find("a").unwrap().config.vifs.len(), 2);
+    d.destroy("a").unwrap();
+    assert!(d.host.firewall.as_ref().unwrap().policies().is_empty());
     assert_nothing_left(&d, &state, &started.lock().unwrap());
     let _ = std::fs::remove_dir_all(state);
 }

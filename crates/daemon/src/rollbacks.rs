@@ -19,6 +19,7 @@ struct Bench {
     state: std::path::PathBuf,
     taps: Arc<FakeTaps>,
     groups: Arc<FakeGroups>,
+    vfr: Arc<crate::fakes::FakeFirewall>,
     started: crate::fakes::Started,
     refuse_plug: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -29,12 +30,14 @@ impl Bench {
         let (started, refuse_plug) = (stand_in.started.clone(), stand_in.refuse_plug.clone());
         let taps = Arc::new(FakeTaps::default());
         let groups = Arc::new(FakeGroups::default());
+        let vfr = Arc::new(crate::fakes::FakeFirewall::default());
         let (d, state) = daemon(
             name,
             HostOps {
                 launcher: Box::new(stand_in),
                 taps: taps.clone(),
                 groups: Some(Box::new(groups.clone())),
+                firewall: Some(vfr.clone()),
             },
         );
         Self {
@@ -42,13 +45,21 @@ impl Bench {
             state,
             taps,
             groups,
+            vfr,
             started,
             refuse_plug,
         }
     }
 
+    /// The taps there are, with their bridges; each has its VFR rules
+    /// and no rules are left of a tap that is gone.
     fn taps(&self) -> Vec<(String, Option<String>)> {
-        self.taps.taps.lock().unwrap().clone().into_iter().collect()
+        let taps: Vec<(String, Option<String>)> =
+            self.taps.taps.lock().unwrap().clone().into_iter().collect();
+        let ruled: Vec<String> = self.vfr.rules.lock().unwrap().keys().cloned().collect();
+        let names: Vec<String> = taps.iter().map(|(t, _)| t.clone()).collect();
+        assert_eq!(names, ruled, "the VFR's rules follow the taps");
+        taps
     }
 
     fn done(self) {

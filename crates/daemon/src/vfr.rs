@@ -60,12 +60,15 @@ pub struct Policy {
     pub tcp: Option<Vec<PortRange>>,
     pub udp: Option<Vec<PortRange>>,
     pub isolated: bool,
+    /// On the default network, whose DHCP server gives it its address (or
+    /// holds its `ip=` for it).
+    pub dhcp: bool,
 }
 
 impl Policy {
-    /// The policy of `vif` (whose MAC is known) on `tap`; `leased`: the
+    /// The policy of `vif` (whose MAC is known) on `tap`; `dhcp`: the
     /// interface is on the default network, where DHCP gives addresses.
-    pub fn of(tap: &str, vif: &Vif, leased: bool) -> Result<Policy, String> {
+    pub fn of(tap: &str, vif: &Vif, dhcp: bool) -> Result<Policy, String> {
         let mac = vif
             .mac
             .as_deref()
@@ -98,7 +101,7 @@ impl Policy {
             mac,
             v4: if !v4.is_empty() {
                 V4::Only(v4)
-            } else if leased {
+            } else if dhcp {
                 V4::Leased
             } else {
                 V4::Any
@@ -107,6 +110,7 @@ impl Policy {
             tcp: vif.tcp.clone(),
             udp: vif.udp.clone(),
             isolated: vif.isolated,
+            dhcp,
         })
     }
 }

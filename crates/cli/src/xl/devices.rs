@@ -54,13 +54,30 @@ pub fn device_list(kind: &str, a: DeviceListArgs) -> ExitCode {
                 );
             }
         } else {
+            // VfrPass and VfrDrop: what the virtual firewall-router passed
+            // and dropped of what the domain sent ("-": a daemon without it).
             println!(
-                "{:<5} {:<16} {:<17} {:<15} {:>9} {:>8} {:>9} {:>8} {:>7}",
-                "Idx", "Tap", "MAC", "IP", "RxPkts", "Rx(MiB)", "TxPkts", "Tx(MiB)", "Dropped"
+                "{:<5} {:<16} {:<17} {:<15} {:>9} {:>8} {:>9} {:>8} {:>7} {:>8} {:>8}",
+                "Idx",
+                "Tap",
+                "MAC",
+                "IP",
+                "RxPkts",
+                "Rx(MiB)",
+                "TxPkts",
+                "Tx(MiB)",
+                "Dropped",
+                "VfrPass",
+                "VfrDrop"
             );
+            let vfr = |d: &DeviceInfo, k: &str| {
+                d.counters
+                    .get(k)
+                    .map_or_else(|| "-".to_string(), u64::to_string)
+            };
             for d in devs {
                 println!(
-                    "{:<5} {:<16} {:<17} {:<15} {:>9} {:>8.1} {:>9} {:>8.1} {:>7}",
+                    "{:<5} {:<16} {:<17} {:<15} {:>9} {:>8.1} {:>9} {:>8.1} {:>7} {:>8} {:>8}",
                     d.id.trim_start_matches("net"),
                     d.fact("tap"),
                     d.fact("mac"),
@@ -73,7 +90,9 @@ pub fn device_list(kind: &str, a: DeviceListArgs) -> ExitCode {
                     mib(d.counter("rx_bytes")),
                     d.counter("tx_packets"),
                     mib(d.counter("tx_bytes")),
-                    d.counter("rx_dropped") + d.counter("tx_dropped")
+                    d.counter("rx_dropped") + d.counter("tx_dropped"),
+                    vfr(&d, "vfr_passed"),
+                    vfr(&d, "vfr_dropped")
                 );
             }
         }

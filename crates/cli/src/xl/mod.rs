@@ -106,6 +106,12 @@ pub struct DaemonArgs {
     /// cpu, cpuset and memory controllers.
     #[arg(long)]
     pub no_cgroups: bool,
+    /// Run without the virtual firewall-router (for debugging and for
+    /// measuring what it costs): domains' interfaces get no anti-spoofing,
+    /// port or isolation rules and no VFR counters. The daemon's log says
+    /// so.
+    #[arg(long)]
+    pub no_vfr: bool,
     /// Start VMMs without their seccomp filter (for debugging a VMM that
     /// dies of SIGSYS): a guest that takes over its VMM can then make any
     /// system call. The daemon's log says so.
@@ -306,6 +312,7 @@ pub fn daemon(a: DaemonArgs) -> ExitCode {
         },
         tcp,
         no_cgroups: a.no_cgroups,
+        no_vfr: a.no_vfr,
     };
     match domus_daemon::run(state, settings) {
         Ok(()) => ExitCode::SUCCESS,

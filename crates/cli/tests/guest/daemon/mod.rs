@@ -10,6 +10,7 @@ mod lifecycle;
 mod migrate;
 mod scheduling;
 mod snapshot;
+mod vfr;
 
 use crate::*;
 use domus_api::daemon::{Domain, Info, State};
