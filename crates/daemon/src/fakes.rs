@@ -131,7 +131,8 @@ impl Launcher for StandIn {
                 .spawn()?,
         };
         let pid = i64::from(child.id());
-        self.started.lock().unwrap().push((pid, start_time(pid)));
+        let started = start_time(pid);
+        self.started.lock().unwrap().push((pid, started));
         self.launches.fetch_add(1, Ordering::SeqCst);
         let sock = spec
             .api_socket
@@ -150,15 +151,48 @@ impl Launcher for StandIn {
         let (delay, refuse_plug) = (self.delay, self.refuse_plug.clone());
         std::thread::spawn(move || {
             std::thread::sleep(delay);
-            let Ok(listener) = domus_http::bind(&sock) else {
+            // The last VMM's socket goes with it (below), a moment later.
+            let mut bound = domus_http::bind(&sock);
+            for _ in 0..100 {
+                match &bound {
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        bound = domus_http::bind(&sock);
+                    }
+                    _ => break,
+                }
+            }
+            let Ok(listener) = bound else {
                 // Destroyed meanwhile (its directory is gone): a VMM that
                 // cannot serve its API exits.
                 // SAFETY: kill(2) on the stand-in this launcher started.
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                 return;
             };
+            // A VMM's API ends with it: once the stand-in's process has
+            // ended, its socket is removed (if it is still this one's).
+            use std::os::unix::fs::MetadataExt;
+            let ino = std::fs::metadata(&sock).map(|m| m.ino()).ok();
+            let watched = sock.clone();
+            std::thread::spawn(move || {
+                while crate::host::alive(pid, started) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if std::fs::metadata(&watched).map(|m| m.ino()).ok() == ino {
+                    let _ = std::fs::remove_file(&watched);
+                }
+            });
             let devices = Mutex::new(Vec::new());
-            let handler = move |req: &Request| serve(req, &info, &devices, &refuse_plug);
+            // A VMM's API ends with it: a stand-in whose process was killed
+            // answers nothing, so a restart's start waits for the new one's
+            // (which would otherwise bind its socket late, into a directory
+            // a destroy is removing).
+            let handler = move |req: &Request| {
+                if !crate::host::alive(pid, started) {
+                    return Response::error(503, "the stand-in VMM has ended");
+                }
+                serve(req, &info, &devices, &refuse_plug)
+            };
             let _ = domus_http::spawn_server("stand-in", listener, Arc::new(handler));
         });
         Ok(Process::adopt(child))
