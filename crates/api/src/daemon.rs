@@ -202,6 +202,10 @@ pub struct Domain {
     /// The vsock context id its guest is reached at (`vsock = 'cid=N'`; a
     /// clone gets one of its own).
     pub vsock_cid: Option<u64>,
+    /// Packets its interfaces sent that the virtual firewall-router passed,
+    /// and dropped (spoofed, isolated, ...): 0 without a VFR.
+    pub vfr_passed: u64,
+    pub vfr_dropped: u64,
 }
 
 /// The answer to `POST /v1/domains` (201).

@@ -10,6 +10,9 @@ use domus_api::vmm::DomainState;
 use crate::host::{cpu_seconds, host_memory_mib, rss_bytes};
 use crate::{db, lock, Daemon, Result};
 
+/// The VFR's counters: packets by tap and verdict.
+type VfrCounts = std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>;
+
 impl Daemon {
     /// Accounting in Prometheus' text format.
     pub fn metrics(&self) -> Result<String> {
@@ -117,8 +120,23 @@ impl Daemon {
     }
 
     /// A domain as the API and `list` show it, from the daemon's model and
-    /// /proc (no round trip to its VMM).
+    /// /proc (no round trip to its VMM), and the VFR's counters.
     pub fn describe(&self, r: &db::Row) -> Domain {
+        self.describe_with(r, &self.vfr_counters())
+    }
+
+    /// [`Daemon::describe`] with the VFR's counters read once for many.
+    fn describe_with(&self, r: &db::Row, vfr: &VfrCounts) -> Domain {
+        let (mut vfr_passed, mut vfr_dropped) = (0, 0);
+        for tap in self.taps(r.id) {
+            for (k, n) in vfr.get(&tap).into_iter().flatten() {
+                if k == "passed" {
+                    vfr_passed += n;
+                } else {
+                    vfr_dropped += n;
+                }
+            }
+        }
         let c = &r.config;
         let mut state = r.state;
         let (mut cpu, mut vcpu_time) = (0.0, 0.0);
@@ -166,6 +184,8 @@ impl Daemon {
             on_reboot: Some(c.on_reboot.as_str().to_string()),
             on_crash: Some(c.on_crash.as_str().to_string()),
             vsock_cid: c.vsock_cid,
+            vfr_passed,
+            vfr_dropped,
         }
     }
 
@@ -193,9 +213,12 @@ impl Daemon {
             on_reboot: None,
             on_crash: None,
             vsock_cid: None,
+            vfr_passed: 0,
+            vfr_dropped: 0,
         }];
         let rows = lock(&self.db).all()?;
-        out.extend(rows.iter().map(|r| self.describe(r)));
+        let vfr = self.vfr_counters();
+        out.extend(rows.iter().map(|r| self.describe_with(r, &vfr)));
         Ok(out)
     }
 

@@ -37,6 +37,8 @@ fn domain(configured: bool) -> Domain {
         on_reboot: text("restart"),
         on_crash: text("preserve"),
         vsock_cid: configured.then_some(3),
+        vfr_passed: 12,
+        vfr_dropped: 3,
     }
 }
 

@@ -164,6 +164,10 @@ struct TopRow {
     memory_mib: u64,
     maxmem_mib: Option<u64>,
     vcpus: Option<u32>,
+    /// What the virtual firewall-router passed and dropped of what the
+    /// domain's interfaces sent (since each interface got its rules).
+    vfr_passed: u64,
+    vfr_dropped: u64,
 }
 
 /// One sample: each domain with CPU percentages over `delay`.
@@ -192,6 +196,8 @@ fn top_sample(c: &domus_api::client::DaemonClient, delay: f64) -> Result<Vec<Top
                 memory_mib: d.memory_mib,
                 maxmem_mib: d.maxmem_mib,
                 vcpus: d.vcpus,
+                vfr_passed: d.vfr_passed,
+                vfr_dropped: d.vfr_dropped,
             }
         })
         .collect())
@@ -210,7 +216,7 @@ pub fn top(a: TopArgs) -> ExitCode {
                 print!("\x1b[H\x1b[2J");
             }
             println!(
-                "{:<24} {:>10} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>5}",
+                "{:<24} {:>10} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>5} {:>9} {:>8}",
                 "NAME",
                 "STATE",
                 "CPU(sec)",
@@ -219,11 +225,13 @@ pub fn top(a: TopArgs) -> ExitCode {
                 "IOCPU(%)",
                 "MEM(MiB)",
                 "MAXMEM",
-                "VCPUS"
+                "VCPUS",
+                "VFRPASS",
+                "VFRDROP"
             );
             for d in &s {
                 println!(
-                    "{:<24} {:>10} {:>9.1} {:>7.1} {:>8.1} {:>8.1} {:>8} {:>8} {:>5}",
+                    "{:<24} {:>10} {:>9.1} {:>7.1} {:>8.1} {:>8.1} {:>8} {:>8} {:>5} {:>9} {:>8}",
                     d.name,
                     d.state.as_str(),
                     d.cpu_s,
@@ -232,7 +240,9 @@ pub fn top(a: TopArgs) -> ExitCode {
                     d.io_cpu_pct,
                     d.memory_mib,
                     or_null(d.maxmem_mib),
-                    or_null(d.vcpus)
+                    or_null(d.vcpus),
+                    d.vfr_passed,
+                    d.vfr_dropped
                 );
             }
             if a.once {

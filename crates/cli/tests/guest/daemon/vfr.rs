@@ -3,7 +3,8 @@
 //! source address, a forged ARP reply and IPv6 reaches neither the other
 //! domain nor the host with any of them (checked where they would arrive),
 //! its drop counters rise, and its legitimate traffic flows; `isolated=1`
-//! cuts domain-to-domain traffic, not domain-to-host; after a destroy,
+//! cuts domain-to-domain traffic, not domain-to-host; `tcp=` lets new
+//! connections reach only its ports; after a destroy,
 //! and after a daemon SIGKILL and restart (with a stale interface's rules
 //! added and a running one's removed meanwhile), nftables holds exactly
 //! the rules of the running domains.
@@ -102,7 +103,7 @@ fn the_vfr_stops_spoofed_frames_isolates_and_keeps_its_rules_in_line() {
     for (name, vif) in [
         ("a", "ip=10.203.0.10"),
         ("b", "ip=10.203.0.11"),
-        ("c", "ip=10.203.0.12,isolated=1"),
+        ("c", "ip=10.203.0.12,isolated=1,tcp=5000"),
     ] {
         let (cfg, guest) = agent_config(&dir, name, 128, &format!("vif = ['{vif}']"));
         let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
@@ -166,6 +167,24 @@ fn the_vfr_stops_spoofed_frames_isolates_and_keeps_its_rules_in_line() {
     assert!(!ping(c, "10.203.0.11"), "isolated c reached b");
     assert!(!ping(b, "10.203.0.12"), "b reached isolated c");
     assert!(interfaces(&state, "c")[0].counter("vfr_isolated") >= 1);
+    // c's tcp=5000: a connection to port 5000 reaches it (and is refused:
+    // nothing listens), one to 5001 is dropped on the way.
+    let connect = |port: u16| {
+        let to = std::net::SocketAddr::from(([10, 203, 0, 12], port));
+        std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3)).unwrap_err()
+    };
+    let e = connect(5000);
+    assert_eq!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "port 5000: {e}"
+    );
+    let e = connect(5001);
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "port 5001: {e}");
+    assert!(interfaces(&state, "c")[0].counter("vfr_port") >= 1);
+    let top = list(&state);
+    let c_row = top.iter().find(|d| d.name == "c").unwrap();
+    assert!(c_row.vfr_dropped >= 2 && c_row.vfr_passed >= 1, "{c_row:?}");
 
     // The rules follow the domains.
     assert_eq!(ruled_taps(&state), taps_of(&state, &["a", "b", "c"]));
