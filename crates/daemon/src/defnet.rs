@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::network::ip;
+use crate::rtnl;
 use crate::vfr::nft;
 
 /// `domus daemon --network`: what the default network is.
@@ -135,16 +135,10 @@ impl DefaultNet {
     ) -> std::io::Result<Self> {
         let br = &s.bridge;
         if !Path::new("/sys/class/net").join(br).exists() {
-            ip(&["link", "add", "name", br, "type", "bridge"])?;
+            rtnl::add_bridge(br)?;
         }
-        ip(&[
-            "addr",
-            "replace",
-            &format!("{}/{}", s.gateway, s.prefix),
-            "dev",
-            br,
-        ])?;
-        ip(&["link", "set", br, "up"])?;
+        rtnl::replace_addr(br, s.gateway, s.prefix)?;
+        rtnl::set_link(br, true, None)?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
         let t = s.nat_table();
         let subnet = format!("{}/{}", s.network(), s.prefix);

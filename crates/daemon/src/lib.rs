@@ -49,6 +49,7 @@ mod refusals;
 mod resources;
 #[cfg(test)]
 mod rollbacks;
+pub mod rtnl;
 mod snapshot;
 mod supervise;
 pub mod vfr;
@@ -70,7 +71,7 @@ pub use cgroup::{Cgroup2, Groups};
 pub use db::{Db, Row};
 pub use defnet::{Lease, NetSettings};
 pub use host::{allowed_cpus, cpu_seconds, host_memory_mib, rss_bytes, start_time};
-pub use network::{IpTaps, Taps};
+pub use network::{HostTaps, Taps};
 pub use supervise::Request;
 
 use supervise::Live;
@@ -300,7 +301,7 @@ pub struct HostOps {
 }
 
 impl HostOps {
-    /// The host's own: `domus run` processes, taps made with `ip`, and
+    /// The host's own: `domus run` processes, taps made through rtnetlink, and
     /// (with `cgroups`) cgroup v2 under /sys/fs/cgroup, which must have the
     /// controllers the limits need: a daemon never runs without them
     /// unless told to (`--no-cgroups`).
@@ -319,7 +320,7 @@ impl HostOps {
         };
         Ok(Self {
             launcher: Box::new(Exec),
-            taps: Arc::new(IpTaps),
+            taps: Arc::new(HostTaps),
             groups,
             firewall: None,
         })

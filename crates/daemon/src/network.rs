@@ -1,7 +1,6 @@
-//! Network: the domains' taps (made with `ip`) and interface hot-plug
-//! (network-attach, network-detach).
+//! Network: the domains' taps (made through rtnetlink, [`crate::rtnl`])
+//! and interface hot-plug (network-attach, network-detach).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use domus_api::daemon::State;
@@ -9,21 +8,8 @@ use domus_api::vmm::{DeviceInfo, PlugRequest, Unplugging};
 
 use crate::{lock, vmm_error, Daemon, Error, Result};
 
-pub(crate) fn ip(args: &[&str]) -> std::io::Result<()> {
-    let out = Command::new("ip").args(args).output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
-}
-
 /// The host's side of the domains' interfaces, so the daemon's tests can
-/// stand in for the host's network ([`IpTaps`] is the real one).
+/// stand in for the host's network ([`HostTaps`] is the real one).
 pub trait Taps: Send + Sync {
     /// Makes tap `name`, on `bridge` when one is given, owned by `owner`
     /// (user and group) when one is given, and sets it up; a failure
@@ -41,10 +27,11 @@ pub trait Taps: Send + Sync {
     fn list(&self, prefix: &str) -> Vec<String>;
 }
 
-/// Taps made with `ip`, found in /sys/class/net.
-pub struct IpTaps;
+/// Taps made through rtnetlink and the tun driver, found in
+/// /sys/class/net.
+pub struct HostTaps;
 
-impl Taps for IpTaps {
+impl Taps for HostTaps {
     fn add(
         &self,
         name: &str,
@@ -60,34 +47,14 @@ impl Taps for IpTaps {
                 ));
             }
         }
-        match owner {
-            Some((u, g)) => ip(&[
-                "tuntap",
-                "add",
-                "dev",
-                name,
-                "mode",
-                "tap",
-                "user",
-                &u.to_string(),
-                "group",
-                &g.to_string(),
-            ])?,
-            None => ip(&["tuntap", "add", "dev", name, "mode", "tap"])?,
-        }
-        let set_up = || {
-            if let Some(br) = bridge {
-                ip(&["link", "set", name, "master", br])?;
-            }
-            ip(&["link", "set", name, "up"])
-        };
-        set_up().inspect_err(|_| {
-            let _ = ip(&["link", "del", name]);
+        crate::rtnl::add_tap(name, owner)?;
+        crate::rtnl::set_link(name, true, bridge).inspect_err(|_| {
+            let _ = crate::rtnl::del_link(name);
         })
     }
 
     fn remove(&self, name: &str) -> std::io::Result<()> {
-        ip(&["link", "del", name])
+        crate::rtnl::del_link(name)
     }
 
     fn list(&self, prefix: &str) -> Vec<String> {
