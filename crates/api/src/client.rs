@@ -15,8 +15,9 @@ use crate::daemon::{
     PinRequest, RenameRequest, RestoreRequest, SaveRequest, Saved, Sched, SchedRequest, Vcpu,
 };
 use crate::vmm::{
-    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, MigrationStatus, PlugRequest, Pressed,
-    RateLimitUpdate, SnapshotInfo, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
+    BalloonInfo, BalloonTarget, ConsoleInput, ConsoleTaken, DeviceInfo, DomainInfo,
+    MigrationStatus, PlugRequest, Pressed, RateLimitUpdate, SnapshotInfo, SnapshotRequest,
+    Unplugging, VcpuAffinity, VcpuPin,
 };
 use crate::ErrorBody;
 
@@ -184,6 +185,17 @@ impl VmmClient {
 
     pub fn devices(&self) -> Result<Vec<DeviceInfo>, ClientError> {
         self.conn.call::<(), _>("GET", "/v1/devices", None)
+    }
+
+    /// Types `text` at the serial console.
+    pub fn console_input(&self, text: &str) -> Result<ConsoleTaken, ClientError> {
+        self.conn.call(
+            "PUT",
+            "/v1/domain/console",
+            Some(&ConsoleInput {
+                text: text.to_string(),
+            }),
+        )
     }
 
     pub fn device(&self, id: &str) -> Result<DeviceInfo, ClientError> {
@@ -428,6 +440,17 @@ impl DaemonClient {
     ) -> Result<ConsoleChunk, ClientError> {
         let file = file.map(|f| format!("file={f}&")).unwrap_or_default();
         self.get(&format!("/v1/domains/{dom}/console?{file}from={from}"))
+    }
+
+    /// Types `text` at domain `dom`'s serial console.
+    pub fn console_input(&self, dom: &str, text: &str) -> Result<ConsoleTaken, ClientError> {
+        self.conn.call(
+            "POST",
+            &format!("/v1/domains/{dom}/console"),
+            Some(&ConsoleInput {
+                text: text.to_string(),
+            }),
+        )
     }
 
     /// Accounting in Prometheus' text format.

@@ -174,6 +174,27 @@ pub struct Pressed {
     pub pressed: String,
 }
 
+/// `PUT /v1/domain/console` (and the daemon's `POST
+/// /v1/domains/{dom}/console`): text typed at the serial console, as a
+/// terminal sends it (control characters included), at most
+/// [`CONSOLE_INPUT_MAX`] bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleInput {
+    pub text: String,
+}
+
+/// The most bytes one [`ConsoleInput`] may carry.
+pub const CONSOLE_INPUT_MAX: usize = 4096;
+
+/// The answer to a [`ConsoleInput`]: how many bytes the serial port took
+/// (fewer than sent when the guest reads none for a second).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleTaken {
+    pub taken: usize,
+}
+
 /// `GET /v1/balloon`, and the answer to `PUT /v1/balloon`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

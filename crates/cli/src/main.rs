@@ -121,7 +121,8 @@ enum Command {
     Top(xl::TopArgs),
     /// Log in to a domain over SSH, at its address on the default network.
     Ssh(xl::SshArgs),
-    /// Follow a domain's console output.
+    /// A domain's serial console: its output, and on a terminal what you
+    /// type goes to the guest (Ctrl-] leaves).
     Console(xl::ConsoleArgs),
     /// The daemon's log.
     Dmesg(xl::StateArg),

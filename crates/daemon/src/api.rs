@@ -38,6 +38,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/migrations"),
     ("GET", "/v1/domains/{dom}/devices"),
     ("GET", "/v1/domains/{dom}/console"),
+    ("POST", "/v1/domains/{dom}/console"),
     ("PUT", "/v1/domains/{dom}/block-attach"),
     ("PUT", "/v1/domains/{dom}/block-detach"),
     ("PUT", "/v1/domains/{dom}/network-attach"),
@@ -174,6 +175,8 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Response {
         (_, "/v1/migrations") => {
             request_body::<IncomingRequest>(req).and_then(|m| d.incoming(m).map_err(|e| err(&e)))
         }
+        ("POST", "/v1/domains/{dom}/console") => request_body::<domus_api::vmm::ConsoleInput>(req)
+            .and_then(|m| d.console_input(dom, &m.text).map(ok).map_err(|e| err(&e))),
         (_, "/v1/domains/{dom}/console") => console_query(req)
             .and_then(|(file, from)| d.console(dom, file, from).map(ok).map_err(|e| err(&e))),
         (_, "/v1/domains/{dom}/devices") => d.devices(dom).map(ok).map_err(|e| err(&e)),

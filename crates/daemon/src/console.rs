@@ -22,6 +22,15 @@ const KEEP_ENDED: Duration = Duration::from_secs(60);
 impl Daemon {
     /// The piece of domain `dom`'s console log after byte `from` of the log
     /// `file` (an inode number; None: the current log from `from`).
+    /// Types `text` at a running domain's serial console (the VMM takes
+    /// what its guest reads within a second).
+    pub fn console_input(&self, dom: &str, text: &str) -> Result<domus_api::vmm::ConsoleTaken> {
+        let r = self.find(dom)?;
+        self.vmm(&r)?
+            .console_input(text)
+            .map_err(crate::vmm_error(&r))
+    }
+
     pub fn console(&self, dom: &str, file: Option<u64>, from: u64) -> Result<ConsoleChunk> {
         let r = match self.find(dom) {
             Ok(r) => r,

@@ -145,6 +145,8 @@ fn the_answers_match_their_schemas() {
         ended: false,
     };
     check("ConsoleChunk", &[sample(&chunk)]);
+    let taken = domus_api::vmm::ConsoleTaken { taken: 3 };
+    check("ConsoleTaken", &[sample(&taken)]);
     let gone = Unplugging {
         unplugging: "vdb".into(),
         slot: 4,
@@ -186,6 +188,10 @@ fn the_request_bodies_match_their_schemas() {
     let spec = AttachRequest {
         spec: Some("/x,raw,xvdb,rw".into()),
     };
+    let typed = domus_api::vmm::ConsoleInput {
+        text: "root\r".into(),
+    };
+    check("post", &format!("{d}/console"), sample(&typed));
     check("put", &format!("{d}/block-attach"), sample(&spec));
     check("put", &format!("{d}/network-attach"), sample(&spec));
     for id in [NameOrNumber::Name("vdb".into()), NameOrNumber::Number(0)] {

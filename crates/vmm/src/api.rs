@@ -1,6 +1,7 @@
 //! The per-domain REST API (`domus run --api-socket PATH`): domain info and
-//! state, pause and resume, the ACPI power button, device counters and rate
-//! limits, disk and interface hot-plug, the balloon.
+//! state, pause and resume, the ACPI power button, input to the serial
+//! console, device counters and rate limits, disk and interface hot-plug,
+//! the balloon.
 //!
 //! The routes are listed once, in [`ROUTES`]; the dispatcher matches
 //! against that list and a unit test checks it against the committed
@@ -15,8 +16,9 @@ use domus_devices::bus::lock;
 
 use domus_api::request_body;
 use domus_api::vmm::{
-    BalloonInfo, BalloonTarget, DeviceInfo, DomainInfo, DomainState, MigrateRequest, PlugRequest,
-    Pressed, RateLimit, RateLimitUpdate, SnapshotRequest, Unplugging, VcpuAffinity, VcpuPin,
+    BalloonInfo, BalloonTarget, ConsoleInput, ConsoleTaken, DeviceInfo, DomainInfo, DomainState,
+    MigrateRequest, PlugRequest, Pressed, RateLimit, RateLimitUpdate, SnapshotRequest, Unplugging,
+    VcpuAffinity, VcpuPin,
 };
 use domus_devices::platform::GedEvents;
 use domus_http::{Request, Response};
@@ -41,6 +43,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domain/pause"),
     ("PUT", "/v1/domain/resume"),
     ("PUT", "/v1/domain/power-button"),
+    ("PUT", "/v1/domain/console"),
     ("PUT", "/v1/domain/vcpu-pin"),
     ("PUT", "/v1/domain/snapshot"),
     ("PUT", "/v1/domain/migrate"),
@@ -67,6 +70,9 @@ pub struct Domain {
     pub balloon: Option<Arc<BalloonHandle>>,
     /// Presses the ACPI power button.
     pub events: Arc<GedEvents>,
+    /// The serial console, which `PUT /v1/domain/console` types at (None
+    /// only in tests).
+    pub serial: Option<Arc<Mutex<domus_devices::serial::SerialDevice>>>,
     pub hotplug: Option<Arc<dyn Hotplug>>,
     /// Saves the domain (None only in tests).
     pub snapshots: Option<Arc<crate::snapshot::Snapshotter>>,
@@ -379,6 +385,7 @@ impl Domain {
                     &format!("interrupting the guest: {e}"),
                 )),
             },
+            "/v1/domain/console" => self.console_input(req),
             "/v1/domain/vcpu-pin" => self.pin_vcpus(req),
             "/v1/domain/snapshot" => self.snapshot(req),
             "/v1/domain/migrate" => self.migrate(req),
@@ -405,6 +412,40 @@ impl Domain {
             _ => Err(Response::error(500, "route without a handler")),
         };
         r.unwrap_or_else(|e| e)
+    }
+}
+
+impl Domain {
+    /// `PUT /v1/domain/console`: the text into the serial port's receive
+    /// FIFO, as fast as the guest reads it, for a second at most.
+    fn console_input(&self, req: &Request) -> Result<Response, Response> {
+        let input: ConsoleInput = request_body(req)?;
+        if input.text.len() > domus_api::vmm::CONSOLE_INPUT_MAX {
+            return Err(Response::error(
+                400,
+                &format!(
+                    "console input of {} bytes: at most {} at a time",
+                    input.text.len(),
+                    domus_api::vmm::CONSOLE_INPUT_MAX
+                ),
+            ));
+        }
+        let serial = self
+            .serial
+            .as_ref()
+            .ok_or_else(|| Response::error(404, "this domain has no serial console"))?;
+        let mut rest = input.text.as_bytes();
+        let end = Instant::now() + Duration::from_secs(1);
+        while !rest.is_empty() && Instant::now() < end {
+            let k = lock(serial).enqueue_input(rest);
+            rest = &rest[k..];
+            if k == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(ok(&ConsoleTaken {
+            taken: input.text.len() - rest.len(),
+        }))
     }
 }
 
@@ -454,11 +495,46 @@ mod tests {
             events: GedEvents::new(
                 vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap(),
             ),
+            serial: Some(Arc::new(Mutex::new(
+                domus_devices::serial::SerialDevice::new(
+                    vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+                    Box::new(std::io::sink()),
+                ),
+            ))),
             hotplug: None,
             snapshots: None,
             migration: None,
             inbox: None,
         }
+    }
+
+    #[test]
+    fn console_input_goes_to_the_serial_port_as_far_as_it_holds() {
+        let d = domain();
+        let r = d.handle(&req("PUT", "/v1/domain/console", r#"{"text": "root\r"}"#));
+        assert_eq!(r.status, 200, "{}", error(&r));
+        assert_eq!(body::<ConsoleTaken>(&r).taken, 5);
+        // The receive FIFO (64 bytes) takes no more while the guest reads
+        // nothing: the rest is not taken, after a second.
+        let long = "x".repeat(100);
+        let r = d.handle(&req(
+            "PUT",
+            "/v1/domain/console",
+            &format!(r#"{{"text": "{long}"}}"#),
+        ));
+        assert_eq!(r.status, 200);
+        assert!(body::<ConsoleTaken>(&r).taken < 100);
+        let big = "x".repeat(domus_api::vmm::CONSOLE_INPUT_MAX + 1);
+        let r = d.handle(&req(
+            "PUT",
+            "/v1/domain/console",
+            &format!(r#"{{"text": "{big}"}}"#),
+        ));
+        assert_eq!(r.status, 400);
+        assert!(error(&r).contains("at most 4096"), "{}", error(&r));
+        let r = d.handle(&req("PUT", "/v1/domain/console", r#"{"txt": "a"}"#));
+        assert_eq!(r.status, 400);
+        assert!(error(&r).contains("unknown field `txt`"), "{}", error(&r));
     }
 
     /// The answer's body as the API type `T`.

@@ -165,6 +165,20 @@ fn the_openapi_schemas_match_the_api_types() {
     };
     let schema = answer("put", "/v1/domain/power-button", "202");
     check_schema(&doc, "Pressed", &schema, &[sample(&pressed)], false);
+    let input = ConsoleInput {
+        text: "root\r".into(),
+    };
+    let path = "/v1/domain/console";
+    check_schema(
+        &doc,
+        "ConsoleInput",
+        &request("put", path),
+        &[sample(&input)],
+        true,
+    );
+    let taken = ConsoleTaken { taken: 5 };
+    let schema = answer("put", path, "200");
+    check_schema(&doc, "ConsoleTaken", &schema, &[sample(&taken)], true);
     let pin = VcpuPin {
         vcpu: Some(1),
         cpus: vec![0, 2],

@@ -696,6 +696,7 @@ pub fn run(cfg: &VmConfig, mut restore: Option<Restore>) -> Result<ExitReason> {
             inbox: inbox.clone(),
             balloon: devices.balloon,
             events,
+            serial: Some(serial.clone()),
             hotplug: Some(Arc::new(hotplug::VmHotplug {
                 bus: pci,
                 irqs: irqs.clone(),

@@ -4,6 +4,7 @@
 //! disk and interface verbs in [`devices`], save and restore in
 //! [`snapshot`].
 
+mod console;
 mod cpu;
 mod devices;
 mod image;
@@ -17,6 +18,7 @@ use domus_api::client::{ClientError, DaemonClient, Endpoint};
 use domus_api::daemon::{CreateRequest, State};
 use domus_http::tls::Verify;
 
+pub use console::{console, ConsoleArgs};
 pub use cpu::{
     sched_credit, top, vcpu_list, vcpu_pin, SchedArgs, TopArgs, VcpuListArgs, VcpuPinArgs,
 };
@@ -377,6 +379,7 @@ pub fn create(a: CreateArgs) -> ExitCode {
         if a.console {
             return Ok(console(ConsoleArgs {
                 state: a.state,
+                read_only: false,
                 domain: d.id.to_string(),
             }));
         }
@@ -627,48 +630,5 @@ pub fn rename(a: RenameArgs) -> ExitCode {
         let c = a.state.client()?;
         c.rename(&a.domain, &a.new_name).map_err(failed)?;
         Ok(ExitCode::SUCCESS)
-    })
-}
-
-#[derive(clap::Args)]
-pub struct ConsoleArgs {
-    #[command(flatten)]
-    pub state: StateArg,
-    pub domain: String,
-}
-
-/// Follows a domain's console through the daemon's API until the domain
-/// has gone away and its log has been read to the end (read-only: the
-/// console of a daemon-managed domain goes to its log; after a restart, the
-/// new run's log follows the old one's end).
-pub fn console(a: ConsoleArgs) -> ExitCode {
-    verb(|| {
-        use std::io::Write;
-        let c = a.state.client()?;
-        // By id: a rename must not end the stream, and a domain that has
-        // ended already (a brief `create -c`) still shows its last output.
-        let id = match a.domain.parse::<i64>() {
-            Ok(id) => id.to_string(),
-            Err(_) => c.domain(&a.domain).map_err(failed)?.id.to_string(),
-        };
-        let (mut file, mut from) = (None, 0);
-        loop {
-            let piece = match c.console(&id, file, from) {
-                Ok(p) => p,
-                Err(e) if e.status() == Some(404) => return Ok(ExitCode::SUCCESS),
-                Err(e) => return Err(failed(e)),
-            };
-            let mut out = std::io::stdout();
-            let _ = out.write_all(piece.data.as_bytes());
-            let _ = out.flush();
-            if piece.ended && piece.data.is_empty() {
-                return Ok(ExitCode::SUCCESS);
-            }
-            let idle = piece.next == piece.from && Some(piece.file) == file;
-            (file, from) = (Some(piece.file), piece.next);
-            if idle {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
-        }
     })
 }

@@ -2,6 +2,7 @@
 //! helpers shared by its tests.
 
 mod clone;
+mod console;
 mod control;
 mod devices;
 mod image;
