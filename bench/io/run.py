@@ -19,6 +19,13 @@ virtio-net backend (vhost=off, like Domus), vhost-vsock):
   * Native, on the host itself: ioload on the data image, and TCP over
     loopback. There is no native vsock row.
 
+Two more Domus variants (VARIANTS=domus,domus-vfr,domus-qcow2,qemu, for
+issue 15's rows; OUT_NAME names the results files): `domus-vfr`, with the
+virtual firewall-router's rules on both taps (`domus vfr apply`, as the
+daemon puts them on its domains'), and `domus-qcow2`, whose root and data
+disks are qcow2 overlays on the same raw images (`qemu-img create -b`), as
+an image-based domain's root disk is.
+
 Throughput is measured at the receiving end (accept to end of stream).
 Run with tools/bench-io, which runs each round (`run.py round OUT`) in a
 fresh nested host, runs again a round that fails or stalls, and then writes
@@ -60,6 +67,10 @@ LABELS = {
 BRIDGE, TAP_A, TAP_B = "bbr0", "btapa", "btapb"
 HOST_IP, A_IP, B_IP = "10.78.0.1", "10.78.0.2", "10.78.0.3"
 CID = 42
+VARIANTS = os.environ.get("VARIANTS", "domus,domus-jail,qemu").split(",")
+OUT_NAME = os.environ.get("OUT_NAME", "results")
+NAMES = {"native": "native", "domus": "Domus", "domus-jail": "Domus jailed",
+         "domus-vfr": "Domus VFR", "domus-qcow2": "Domus qcow2", "qemu": "QEMU"}
 
 
 def say(msg):
@@ -131,6 +142,8 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
              "--memory", f"{MEMORY_MIB}M", "--vcpus", "1", "--cmdline", cl,
              "--net", f"tap={tap},mac={mac}"]
         for path, ro in disks:
+            if vmm == "domus-qcow2" and not ro:
+                path = overlay(path)
             c += ["--disk", path + (",ro" if ro else "")]
         if cid:
             c += ["--vsock", f"cid={cid}"]
@@ -147,6 +160,24 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
     if cid:
         c += ["-device", f"vhost-vsock-pci,guest-cid={cid}"]
     return c
+
+
+def overlay(path):
+    """A qcow2 overlay on raw image `path` (made once per round), as
+    `--disk` text."""
+    top = path + ".qcow2"
+    if not os.path.exists(top):
+        sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", path, "-F", "raw", top)
+    return top + ",format=qcow2"
+
+
+def vfr(on):
+    """The VFR's rules on both taps (domus-vfr), or none."""
+    for tap, mac, ip in ((TAP_A, "52:54:00:00:00:0a", A_IP), (TAP_B, "52:54:00:00:00:0b", B_IP)):
+        if on:
+            sh(DOMUS, "vfr", "apply", tap, f"mac={mac},ip={ip}")
+        else:
+            subprocess.run([DOMUS, "vfr", "remove", tap], capture_output=True)
 
 
 def receiver(kind, port):
@@ -298,11 +329,18 @@ def one_full_round(out_path):
         res = {"native": native(data)}
         # Alternate which VMM goes first, so neither always runs on a
         # fresher host (ROUND is the round's number, from tools/bench-io).
-        order = ["domus", "domus-jail", "qemu"]
+        order = list(VARIANTS)
         turn = int(os.environ.get("ROUND", "1")) % len(order)
         order = order[turn:] + order[:turn]
         for vmm in order:
-            res[vmm] = one_round(vmm, k, root, data, helper_img, helper_size)
+            vfr(vmm == "domus-vfr")
+            try:
+                res[vmm] = one_round(vmm, k, root, data, helper_img, helper_size)
+            finally:
+                vfr(False)
+            for p in (root, data):
+                if os.path.exists(p + ".qcow2"):
+                    os.remove(p + ".qcow2")
     finally:
         bridge(False)
         shutil.rmtree(work, ignore_errors=True)
@@ -322,7 +360,7 @@ def main():
     for p in sys.argv[3:]:
         with open(p) as f:
             rounds.append(json.load(f))
-    names = [n for n in ("native", "domus", "domus-jail", "qemu") if all(n in r for r in rounds)]
+    names = [n for n in NAMES if all(n in r for r in rounds)]
     results = {n: [r[n] for r in rounds] for n in names}
     jailed = "domus-jail" in results
     global RUNS
@@ -353,10 +391,14 @@ def main():
         "ratios": {key: {"domus_vs_qemu": ratio(median["domus"][key], median["qemu"][key]),
                          "domus_vs_native": ratio(median["domus"][key], median["native"][key]),
                          "jail_vs_no_jail": ratio(median["domus-jail"][key], median["domus"][key])
-                         if jailed else None}
+                         if jailed else None,
+                         "vfr_vs_no_vfr": ratio(median["domus-vfr"][key], median["domus"][key])
+                         if "domus-vfr" in median else None,
+                         "qcow2_vs_raw": ratio(median["domus-qcow2"][key], median["domus"][key])
+                         if "domus-qcow2" in median else None}
                    for key in KEYS},
     }
-    with open(os.path.join(HERE, "results.json"), "w") as f:
+    with open(os.path.join(HERE, f"{OUT_NAME}.json"), "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
 
@@ -371,16 +413,19 @@ def main():
         f"medians of {RUNS} rounds; block tests {SECONDS} s each on a {DATA_MIB} MiB data "
         f"disk, network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",
         "",
-        "| test | native | Domus | Domus jailed | QEMU | Domus/QEMU | Domus/native | jailed/Domus |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    extra = [("jail_vs_no_jail", "jailed/Domus", "domus-jail"),
+             ("vfr_vs_no_vfr", "VFR/Domus", "domus-vfr"),
+             ("qcow2_vs_raw", "qcow2/Domus", "domus-qcow2")]
+    extra = [e for e in extra if e[2] in median]
+    head = ["test"] + [NAMES[n] for n in names] + ["Domus/QEMU", "Domus/native"] + [e[1] for e in extra]
+    lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for key in KEYS:
         r = doc["ratios"][key]
-        j = median["domus-jail"][key] if jailed else None
-        lines.append(f"| {LABELS[key]} | {fmt(median['native'][key])} | "
-                     f"{fmt(median['domus'][key])} | {fmt(j)} | {fmt(median['qemu'][key])} | "
-                     f"{fmt(r['domus_vs_qemu'], 2)} | {fmt(r['domus_vs_native'], 2)} | "
-                     f"{fmt(r['jail_vs_no_jail'], 2)} |")
+        cells = ([LABELS[key]] + [fmt(median[n][key]) for n in names]
+                 + [fmt(r["domus_vs_qemu"], 2), fmt(r["domus_vs_native"], 2)]
+                 + [fmt(r[e[0]], 2) for e in extra])
+        lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "Guests use O_DIRECT on /dev/vdb; the image lives on the host's tmpfs, where "
@@ -389,7 +434,9 @@ def main():
         "Native TCP is loopback on the host (both TCP rows); there is no native vsock row.",
         "Both VMMs use a userspace virtio-net backend on the same taps and bridge, and "
         "vhost-vsock. Domus runs under its seccomp filter; \"Domus jailed\" also in its jail "
-        "(`domus run --jail`, as `domus daemon` runs VMMs by default).",
+        "(`domus run --jail`, as `domus daemon` runs VMMs by default); \"Domus VFR\" with "
+        "the virtual firewall-router's rules on both taps (`domus vfr apply`, as the daemon "
+        "puts them); \"Domus qcow2\" with both disks as qcow2 overlays on the raw images.",
         f"Each round runs in a fresh nested host; {retried} attempt(s) failed or stalled "
         "(see README, known issues) and were run again.",
         "",
@@ -401,7 +448,7 @@ def main():
     for i, (d, q) in enumerate(zip(results["domus"], results["qemu"]), 1):
         lines.append(f"| {i} | " + " | ".join(fmt(ratio(d[key], q[key]), 2) for key in KEYS) + " |")
     lines.append("")
-    with open(os.path.join(HERE, "results.md"), "w") as f:
+    with open(os.path.join(HERE, f"{OUT_NAME}.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
 

@@ -53,6 +53,9 @@ enum Command {
     Kit(KitArgs),
     /// Bootable Debian images for `image = "NAME"` domains: build, list, rm.
     Image(xl::ImageArgs),
+    /// The virtual firewall-router's rules on taps of `domus run` outside
+    /// the daemon (anti-spoofing, ports, isolation; table bridge domus_run).
+    Vfr(xl::VfrArgs),
     /// Tell whether /dev/kvm runs guest kernel code at hardware speed (exit 0 if so).
     #[command(name = "kvm-probe", hide = true)]
     KvmProbe,
@@ -566,6 +569,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run(a),
         Command::Kit(a) => kit(a),
         Command::Image(a) => xl::image(a),
+        Command::Vfr(a) => xl::vfr(a),
         Command::Ssh(a) => xl::ssh(a),
         Command::KvmProbe => kvm_probe(),
         Command::Daemon(a) => xl::daemon(a),

@@ -183,7 +183,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Firewall for Nft {
     fn apply(&self, p: &Policy) -> std::io::Result<()> {
-        nft(&(base_script(&self.table) + &apply_script(&self.table, p)))?;
+        nft(&(base_script(&self.table) + &apply_script(&self.table, p))).map_err(|e| {
+            if e.to_string().contains("ct state") {
+                std::io::Error::other(format!(
+                    "{e}\n(tcp= and udp= follow bridged connections through the kernel's \
+                     nf_conntrack_bridge module: modprobe nf_conntrack_bridge)"
+                ))
+            } else {
+                e
+            }
+        })?;
         lock(&self.learnt).remove(&p.tap);
         lock(&self.applied).insert(p.tap.clone(), p.clone());
         Ok(())

@@ -10,6 +10,7 @@ mod devices;
 mod image;
 mod migrate;
 mod snapshot;
+mod vfr;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,6 +29,7 @@ pub use devices::{
 pub use image::{image, ImageArgs};
 pub use migrate::{migrate, MigrateArgs};
 pub use snapshot::{clone, restore, save, CloneArgs, RestoreArgs, SaveArgs};
+pub use vfr::{vfr, VfrArgs};
 
 /// Where the daemon lives: `--state-dir`, `$DOMUS_STATE_DIR`, /var/lib/domus.
 #[derive(clap::Args, Clone)]
