@@ -10,6 +10,7 @@
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,13 +116,18 @@ pub struct Lease {
 pub struct DefaultNet {
     pub settings: NetSettings,
     leases: PathBuf,
-    /// `MAC,IP` lines: the addresses `ip=` reserves (dnsmasq's
-    /// --dhcp-hostsfile, read again on SIGHUP).
-    hosts: PathBuf,
     /// The running dnsmasq's pid (written by the daemon: dnsmasq in the
     /// foreground writes none), for the next daemon to stop a stale one.
     pid_file: PathBuf,
-    dnsmasq: Arc<Mutex<Option<Child>>>,
+    /// The running dnsmasq's pid (0: none).
+    pid: Arc<AtomicU32>,
+    /// The addresses `ip=` reserves, each for its MAC, which dnsmasq is
+    /// given as `--dhcp-host` (it reads a hosts file only after it has
+    /// dropped its privileges, and the state directory is the daemon's
+    /// alone): a change restarts it.
+    reserved: Arc<Mutex<Vec<(String, Ipv4Addr)>>>,
+    /// Set before a restart for new reservations (no back-off).
+    restarting: Arc<AtomicBool>,
 }
 
 impl DefaultNet {
@@ -153,22 +159,20 @@ impl DefaultNet {
         ))?;
         let dir = state.join("network");
         std::fs::create_dir_all(&dir)?;
-        // Reservations are written again by the daemon from the domains
-        // that run (crate::vifs).
-        std::fs::write(dir.join(format!("{br}.hosts")), "")?;
         let net = DefaultNet {
             settings: s.clone(),
             leases: dir.join(format!("{br}.leases")),
-            hosts: dir.join(format!("{br}.hosts")),
             pid_file: dir.join(format!("{br}.pid")),
-            dnsmasq: Arc::new(Mutex::new(None)),
+            pid: Arc::new(AtomicU32::new(0)),
+            reserved: Arc::new(Mutex::new(Vec::new())),
+            restarting: Arc::new(AtomicBool::new(false)),
         };
         // A dnsmasq left by a daemon that was killed holds the bridge's
         // ports: it goes first.
         net.stop_stale();
-        let first = net.spawn_dnsmasq()?;
-        *net.dnsmasq.lock().unwrap_or_else(|e| e.into_inner()) = Some(first);
-        net.watch(log);
+        let first = spawn_recorded(&mut net.command(&[]), &net.pid_file)?;
+        net.pid.store(first.id(), Ordering::SeqCst);
+        net.watch(first, log);
         Ok(net)
     }
 
@@ -180,13 +184,15 @@ impl DefaultNet {
         DefaultNet {
             settings,
             leases: dir.join("leases"),
-            hosts: dir.join("hosts"),
             pid_file: dir.join("pid"),
-            dnsmasq: Arc::new(Mutex::new(None)),
+            pid: Arc::new(AtomicU32::new(0)),
+            reserved: Arc::new(Mutex::new(Vec::new())),
+            restarting: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    fn dnsmasq_command(&self) -> Command {
+    /// dnsmasq for this network, with these reservations.
+    fn command(&self, reserved: &[(String, Ipv4Addr)]) -> Command {
         let s = &self.settings;
         let (start, end) = s.pool();
         let mut c = Command::new("dnsmasq");
@@ -203,7 +209,7 @@ impl DefaultNet {
             Ipv4Addr::from(s.mask())
         ))
         .arg(format!("--dhcp-leasefile={}", self.leases.display()))
-        .arg(format!("--dhcp-hostsfile={}", self.hosts.display()))
+        .args(reserved.iter().map(|(m, a)| format!("--dhcp-host={m},{a}")))
         .args([
             "--dhcp-authoritative",
             "--domain=domus",
@@ -218,51 +224,73 @@ impl DefaultNet {
         c
     }
 
-    fn spawn_dnsmasq(&self) -> std::io::Result<Child> {
-        spawn_recorded(&mut self.dnsmasq_command(), &self.pid_file)
-    }
-
     /// A thread that passes on what dnsmasq says and starts it again when
-    /// it ends (at most once every 5 s).
-    fn watch(&self, log: Arc<dyn Fn(String) + Send + Sync>) {
-        let slot = self.dnsmasq.clone();
-        let cmd = Mutex::new(self.dnsmasq_command());
-        let pid_file = self.pid_file.clone();
+    /// it ends: at once for new reservations, else after 5 s.
+    fn watch(&self, first: Child, log: Arc<dyn Fn(String) + Send + Sync>) {
+        let this = DefaultNet {
+            settings: self.settings.clone(),
+            leases: self.leases.clone(),
+            pid_file: self.pid_file.clone(),
+            pid: self.pid.clone(),
+            reserved: self.reserved.clone(),
+            restarting: self.restarting.clone(),
+        };
         let _ = std::thread::Builder::new()
             .name("dnsmasq".into())
-            .spawn(move || loop {
-                let err = slot
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_mut()
-                    .and_then(|c| c.stderr.take());
-                if let Some(err) = err {
-                    use std::io::BufRead;
-                    for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-                        log(format!("dnsmasq: {line}"));
+            .spawn(move || {
+                let mut child = first;
+                loop {
+                    if let Some(err) = child.stderr.take() {
+                        use std::io::BufRead;
+                        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                            log(format!("dnsmasq: {line}"));
+                        }
                     }
-                }
-                let status = slot
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_mut()
-                    .and_then(|c| c.wait().ok());
-                log(format!(
-                    "dnsmasq ended ({status:?}): starting it again in 5 s"
-                ));
-                std::thread::sleep(Duration::from_secs(5));
-                let next = spawn_recorded(
-                    &mut cmd.lock().unwrap_or_else(|e| e.into_inner()),
-                    &pid_file,
-                );
-                match next {
-                    Ok(c) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(c),
-                    Err(e) => {
-                        log(format!("dnsmasq could not start again: {e}"));
-                        return;
+                    let status = child.wait();
+                    this.pid.store(0, Ordering::SeqCst);
+                    if this.restarting.swap(false, Ordering::SeqCst) {
+                        log("dnsmasq: starting it again with the new reserved addresses".into());
+                    } else {
+                        log(format!(
+                            "dnsmasq ended ({status:?}): starting it again in 5 s"
+                        ));
+                        std::thread::sleep(Duration::from_secs(5));
+                    }
+                    let reserved = this
+                        .reserved
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    match spawn_recorded(&mut this.command(&reserved), &this.pid_file) {
+                        Ok(c) => {
+                            this.pid.store(c.id(), Ordering::SeqCst);
+                            child = c;
+                        }
+                        Err(e) => {
+                            log(format!("dnsmasq could not start again: {e}"));
+                            return;
+                        }
                     }
                 }
             });
+    }
+
+    /// Reserves each address for its MAC (and no other), restarting
+    /// dnsmasq when that changed.
+    pub fn reserve(&self, entries: &[(String, Ipv4Addr)]) -> std::io::Result<()> {
+        let mut r = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        if r.as_slice() == entries {
+            return Ok(());
+        }
+        *r = entries.to_vec();
+        let pid = self.pid.load(Ordering::SeqCst);
+        if pid != 0 {
+            self.restarting.store(true, Ordering::SeqCst);
+            // SAFETY: kill(2) on the dnsmasq this daemon started (the
+            // watcher clears the pid once it has ended).
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        Ok(())
     }
 
     /// Kills the dnsmasq the pid file names, if that process is a dnsmasq.
@@ -287,27 +315,6 @@ impl DefaultNet {
             }
         }
         let _ = std::fs::remove_file(&self.pid_file);
-    }
-
-    /// Reserves each address for its MAC (and no other), telling dnsmasq
-    /// when that changed.
-    pub fn reserve(&self, entries: &[(String, Ipv4Addr)]) -> std::io::Result<()> {
-        let text: String = entries.iter().map(|(m, a)| format!("{m},{a}\n")).collect();
-        if std::fs::read_to_string(&self.hosts).ok().as_deref() == Some(text.as_str()) {
-            return Ok(());
-        }
-        std::fs::write(&self.hosts, text)?;
-        let pid = self
-            .dnsmasq
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|c| c.id());
-        if let Some(pid) = pid {
-            // SAFETY: kill(2) on the dnsmasq this daemon started (its Child).
-            unsafe { libc::kill(pid as i32, libc::SIGHUP) };
-        }
-        Ok(())
     }
 
     /// The leases dnsmasq has given.

@@ -76,7 +76,12 @@ fn exchange(
     victim: &str,
 ) -> (String, String) {
     // Generous windows: the nested host runs other tests beside this one.
-    guest_sh(to, "rm -f /tmp/sniff; (domus-guest sniff eth0 10 > /tmp/sniff.w && mv /tmp/sniff.w /tmp/sniff) &");
+    // In the background, every output away from the agent's pipes (which
+    // it reads to their end before it answers).
+    guest_sh(
+        to,
+        "rm -f /tmp/sniff; (domus-guest sniff eth0 10 > /tmp/sniff.w 2>&1 && mv /tmp/sniff.w /tmp/sniff) > /dev/null 2>&1 < /dev/null &",
+    );
     let host = Command::new(guest_helper())
         .args(["sniff", bridge, "10"])
         .stdout(Stdio::piped())
