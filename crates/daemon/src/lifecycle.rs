@@ -615,9 +615,16 @@ impl Daemon {
             let leases = net.leases();
             for d in devs.iter_mut().filter(|d| d.kind == "net") {
                 let mac = d.fact("mac").to_ascii_lowercase();
-                if let (Some(l), Some(info)) =
-                    (leases.iter().find(|l| l.mac == mac), d.info.as_object_mut())
-                {
+                let Some(l) = leases.iter().find(|l| l.mac == mac) else {
+                    continue;
+                };
+                // The VFR lets the interface send from its lease from the
+                // moment the lease is shown, not at the next look
+                // (crate::vifs::watch_leases).
+                if let Some(fw) = &self.host.firewall {
+                    let _ = fw.learn(d.fact("tap"), &[l.ip]);
+                }
+                if let Some(info) = d.info.as_object_mut() {
                     info.insert("ip".into(), l.ip.to_string().into());
                 }
             }
