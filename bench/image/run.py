@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""bench/image: from `domus create` of an image-based domain to its SSH port
+answering, against QEMU booting the same image in the same nested host.
+
+One daemon with the default network (its own bridge and subnet) serves a
+Debian image that `domus image build` made (tools/bench-image builds it).
+Each round, in alternating order:
+
+  * Domus: `domus create` of `image = "NAME"` (the daemon makes the qcow2
+    overlay and the cloud-init seed, starts the jailed VMM under seccomp
+    with the VFR on its tap), then the address DHCP gave it (`network-list`),
+    then its SSH server's banner on port 22;
+  * QEMU (`-accel kvm -cpu host -M q35`, virtio disks and net): a qcow2
+    overlay made by `qemu-img create -b` on the same base, the seed the
+    daemon made for the Domus domain (copied), the image's kernel and
+    initrd, a tap on the same bridge; its address from the same dnsmasq's
+    leases, then its SSH banner.
+
+Both are timed from the command's start to the banner (`ssh_s`), with the
+lease's time on the way (`lease_s`). Same memory and vCPUs. Run it with
+tools/bench-image; writes results.json and results.md here.
+"""
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DOMUS = os.path.join(REPO, "target/release/domus")
+RUNS = int(os.environ.get("RUNS", "3"))
+IMAGES = os.environ["BENCH_IMAGES"]
+IMAGE = os.environ.get("BENCH_IMAGE", "bench")
+MEMORY_MIB, VCPUS = 1024, 2
+BRIDGE, GATEWAY = "dbench0", "10.204.0.1"
+QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:01", "qbench0"
+TIMEOUT_S = 300
+
+
+def say(msg):
+    print(f"bench/image: {msg}", file=sys.stderr, flush=True)
+
+
+def domus(state, *args, check=True):
+    r = subprocess.run([DOMUS, *args], env=dict(os.environ, DOMUS_STATE_DIR=state),
+                       capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"domus {' '.join(args)}: {r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def banner(ip, deadline):
+    """Waits until `ip`:22 answers with an SSH banner."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((ip, 22), timeout=2) as s:
+                s.settimeout(5)
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"no SSH banner from {ip} within {TIMEOUT_S} s")
+
+
+def lease_of(state, mac):
+    try:
+        with open(os.path.join(state, "network", f"{BRIDGE}.leases")) as f:
+            for line in f:
+                w = line.split()
+                if len(w) >= 3 and w[1].lower() == mac:
+                    return w[2]
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def domus_round(state, cfg, keep_seed):
+    t0 = time.monotonic()
+    deadline = t0 + TIMEOUT_S
+    domus(state, "create", cfg)
+    ip = None
+    while ip is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the Domus domain got no lease")
+        devs = json.loads(domus(state, "network-list", "--json", "bench"))
+        ip = next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
+        if ip is None:
+            time.sleep(0.2)
+    lease = time.monotonic() - t0
+    banner(ip, deadline)
+    ssh = time.monotonic() - t0
+    seed = os.path.join(state, "overlays", "bench.seed.img")
+    if not os.path.exists(keep_seed):
+        shutil.copy(seed, keep_seed)
+    domus(state, "destroy", "bench")
+    return {"lease_s": lease, "ssh_s": ssh}
+
+
+def qemu_round(state, rec, base, seed, work):
+    top = os.path.join(work, "qemu.qcow2")
+    if os.path.exists(top):
+        os.remove(top)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", top], check=True)
+    subprocess.run(["ip", "tuntap", "add", "dev", QEMU_TAP, "mode", "tap"], check=True)
+    subprocess.run(["ip", "link", "set", QEMU_TAP, "master", BRIDGE, "up"], check=True)
+    qemu = os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64")
+    cmd = [qemu, "-accel", "kvm", "-cpu", "host", "-M", "q35", "-m", str(MEMORY_MIB),
+           "-smp", str(VCPUS), "-nodefaults", "-no-user-config", "-display", "none",
+           "-serial", f"file:{work}/qemu.console",
+           "-kernel", rec["kernel"], "-initrd", rec["initrd"],
+           "-append", "root=/dev/vda rw console=ttyS0",
+           "-drive", f"file={top},if=virtio,format=qcow2",
+           "-drive", f"file={seed},if=virtio,format=raw,readonly=on",
+           "-netdev", f"tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no",
+           "-device", f"virtio-net-pci,netdev=n0,mac={QEMU_MAC}"]
+    t0 = time.monotonic()
+    deadline = t0 + TIMEOUT_S
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        ip = None
+        while ip is None:
+            if time.monotonic() > deadline or p.poll() is not None:
+                raise RuntimeError(f"the QEMU guest got no lease: {p.stderr.read() if p.poll() is not None else ''}")
+            ip = lease_of(state, QEMU_MAC)
+            if ip is None:
+                time.sleep(0.2)
+        lease = time.monotonic() - t0
+        banner(ip, deadline)
+        ssh = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+        subprocess.run(["ip", "link", "del", QEMU_TAP], capture_output=True)
+    # The next round's QEMU guest asks for a new lease, as the Domus one does.
+    return {"lease_s": lease, "ssh_s": ssh}
+
+
+def measure(out):
+    work = tempfile.mkdtemp(prefix="domus-bench-image-")
+    state = os.path.join(work, "state")
+    key = os.path.join(work, "id")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+    with open(key + ".pub") as f:
+        public = f.read().strip()
+    cfg = os.path.join(work, "bench.cfg")
+    with open(cfg, "w") as f:
+        f.write(f"name = 'bench'\nimage = '{IMAGE}'\nmemory = {MEMORY_MIB}\nvcpus = {VCPUS}\n"
+                f"vif = ['']\nssh_keys = ['{public}']\n")
+    with open(os.path.join(IMAGES, IMAGE, "image.json")) as f:
+        rec = json.load(f)
+    d = os.path.join(IMAGES, IMAGE)
+    rec = {"kernel": os.path.join(d, rec["kernel"]), "initrd": os.path.join(d, rec["initrd"]),
+           "disk": os.path.join(d, rec["disk"])}
+    log = open(os.path.join(work, "daemon.log"), "w")
+    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--image-dir", IMAGES,
+                               "--network-bridge", BRIDGE, "--network", f"{GATEWAY}/24"],
+                              stderr=log)
+    try:
+        while not os.path.exists(os.path.join(state, "domusd.sock")):
+            time.sleep(0.1)
+        time.sleep(1)
+        seed = os.path.join(work, "seed.img")
+        res = {"domus": [], "qemu": []}
+        for i in range(RUNS):
+            order = ["domus", "qemu"] if i % 2 == 0 or not os.path.exists(seed) else ["qemu", "domus"]
+            for vmm in order:
+                say(f"round {i + 1}/{RUNS}: {vmm}")
+                if vmm == "domus":
+                    r = domus_round(state, cfg, seed)
+                else:
+                    r = qemu_round(state, rec, rec["disk"], seed, work)
+                say(f"round {i + 1}/{RUNS}: {vmm}: lease after {r['lease_s']:.1f} s, "
+                    f"SSH after {r['ssh_s']:.1f} s")
+                res[vmm].append(r)
+    finally:
+        daemon.kill()
+        daemon.wait()
+        subprocess.run(["pkill", "-9", "-f", f"api-socket {state}/"], capture_output=True)
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+def report(src, command):
+    with open(src) as f:
+        res = json.load(f)
+    med = {v: {k: statistics.median(r[k] for r in rs) for k in ("lease_s", "ssh_s")}
+           for v, rs in res.items()}
+    ratio = {k: med["domus"][k] / med["qemu"][k] for k in ("lease_s", "ssh_s")}
+    doc = {
+        "benchmark": "bench/image",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+                    "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"},
+        "guest": {"image": IMAGE, "memory_mib": MEMORY_MIB, "vcpus": VCPUS},
+        "runs": res, "median": med, "domus_vs_qemu": ratio,
+    }
+    with open(os.path.join(HERE, "results.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    lines = [
+        "# bench/image results",
+        "",
+        f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel {platform.release()}), "
+        f"in the nested KVM host; command `{command}`; medians of {len(res['domus'])} rounds, "
+        "the two VMMs alternating which goes first.",
+        "",
+        f"A Debian 12 image of `domus image build` ({MEMORY_MIB} MiB, {VCPUS} vCPUs, qcow2 overlay "
+        "on the image's base, cloud-init seed), timed from `domus create` (Domus: the daemon's whole "
+        "create path, jailed VMM, VFR) or QEMU's start to the lease and to the SSH banner.",
+        "",
+        "| | Domus (s) | QEMU (s) | Domus/QEMU |",
+        "| --- | ---: | ---: | ---: |",
+        f"| DHCP lease | {med['domus']['lease_s']:.1f} | {med['qemu']['lease_s']:.1f} | {ratio['lease_s']:.2f} |",
+        f"| SSH port answering | {med['domus']['ssh_s']:.1f} | {med['qemu']['ssh_s']:.1f} | {ratio['ssh_s']:.2f} |",
+        "",
+    ]
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "measure":
+        measure(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "report":
+        report(sys.argv[2], " ".join(sys.argv[3:]) or "tools/bench-image")
+    else:
+        sys.exit("usage: run.py measure OUT | run.py report OUT [COMMAND]")
