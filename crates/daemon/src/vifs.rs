@@ -176,7 +176,8 @@ impl Daemon {
         }
         fw.reconcile(&ps).map_err(|e| {
             Error::Io(std::io::Error::other(format!(
-                "the virtual firewall-router's table: {e}"
+                "the virtual firewall-router's table: {e} (it needs Debian's nftables and the \
+                 kernel's nf_tables with its bridge family; domus daemon --no-vfr runs without it)"
             )))
         })?;
         self.log(&format!(
