@@ -10,9 +10,6 @@ use domus_api::vmm::DomainState;
 use crate::host::{cpu_seconds, host_memory_mib, rss_bytes};
 use crate::{db, lock, Daemon, Result};
 
-/// The VFR's counters: packets by tap and verdict.
-type VfrCounts = std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>;
-
 impl Daemon {
     /// Accounting in Prometheus' text format.
     pub fn metrics(&self) -> Result<String> {
@@ -50,10 +47,12 @@ impl Daemon {
             ),
         ];
         let rows = lock(&self.db).all()?;
+        // Read once for every domain and the rows below.
+        let counts = self.vfr_counters();
         let ds: Vec<(db::Row, Domain)> = rows
             .into_iter()
             .map(|r| {
-                let d = self.describe(&r);
+                let d = self.describe_with(&r, &counts);
                 (r, d)
             })
             .collect();
@@ -75,7 +74,6 @@ impl Daemon {
             }
         }
         // The virtual firewall-router's counts, by interface and verdict.
-        let counts = self.vfr_counters();
         if !counts.is_empty() {
             let name = "domus_vif_vfr_packets_total";
             out.push_str(&format!(
@@ -126,16 +124,12 @@ impl Daemon {
     }
 
     /// [`Daemon::describe`] with the VFR's counters read once for many.
-    fn describe_with(&self, r: &db::Row, vfr: &VfrCounts) -> Domain {
+    fn describe_with(&self, r: &db::Row, vfr: &crate::vfr::Counts) -> Domain {
         let (mut vfr_passed, mut vfr_dropped) = (0, 0);
-        for tap in self.taps(r.id) {
-            for (k, n) in vfr.get(&tap).into_iter().flatten() {
-                if k == "passed" {
-                    vfr_passed += n;
-                } else {
-                    vfr_dropped += n;
-                }
-            }
+        for c in self.taps(r.id).iter().filter_map(|t| vfr.get(t)) {
+            let (p, d) = crate::vfr::passed_dropped(c);
+            vfr_passed += p;
+            vfr_dropped += d;
         }
         let c = &r.config;
         let mut state = r.state;

@@ -112,7 +112,8 @@ pub struct Lease {
     pub expires: u64,
 }
 
-/// The running default network.
+/// The running default network (a clone shares its dnsmasq).
+#[derive(Clone)]
 pub struct DefaultNet {
     pub settings: NetSettings,
     leases: PathBuf,
@@ -227,14 +228,7 @@ impl DefaultNet {
     /// A thread that passes on what dnsmasq says and starts it again when
     /// it ends: at once for new reservations, else after 5 s.
     fn watch(&self, first: Child, log: Arc<dyn Fn(String) + Send + Sync>) {
-        let this = DefaultNet {
-            settings: self.settings.clone(),
-            leases: self.leases.clone(),
-            pid_file: self.pid_file.clone(),
-            pid: self.pid.clone(),
-            reserved: self.reserved.clone(),
-            restarting: self.restarting.clone(),
-        };
+        let this = self.clone();
         let _ = std::thread::Builder::new()
             .name("dnsmasq".into())
             .spawn(move || {

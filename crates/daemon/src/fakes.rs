@@ -408,7 +408,7 @@ impl crate::vfr::Firewall for FakeFirewall {
         Ok(())
     }
 
-    fn counters(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+    fn counters(&self) -> crate::vfr::Counts {
         BTreeMap::new()
     }
 

@@ -600,11 +600,7 @@ impl Daemon {
         let counts = self.vfr_counters();
         for d in devs.iter_mut().filter(|d| d.kind == "net") {
             if let Some(c) = counts.get(d.fact("tap")) {
-                let dropped = c
-                    .iter()
-                    .filter(|(k, _)| *k != "passed")
-                    .map(|(_, n)| n)
-                    .sum();
+                let (_, dropped) = crate::vfr::passed_dropped(c);
                 for (k, n) in c {
                     d.counters.insert(format!("vfr_{k}"), *n);
                 }

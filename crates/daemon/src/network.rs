@@ -200,14 +200,7 @@ impl Daemon {
             while Instant::now() < end {
                 match api.device(&dev) {
                     Ok(_) => std::thread::sleep(Duration::from_millis(200)),
-                    _ => {
-                        // As Daemon::unplug_tap: the tap, then its rules.
-                        let _ = taps.remove(&tap);
-                        if let Some(fw) = fw {
-                            let _ = fw.remove(&tap);
-                        }
-                        return;
-                    }
+                    _ => return crate::vifs::unplug(&*taps, fw.as_deref(), &tap),
                 }
             }
         });

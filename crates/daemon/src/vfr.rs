@@ -35,6 +35,21 @@ pub const KINDS: [&str; 8] = [
     "passed", "mac", "ip", "arp", "ip6", "other", "port", "isolated",
 ];
 
+/// Packets by tap and verdict ([`KINDS`]), as [`Firewall::counters`]
+/// reads them.
+pub type Counts = BTreeMap<String, BTreeMap<String, u64>>;
+
+/// One interface's packets passed, and dropped for any reason.
+pub fn passed_dropped(c: &BTreeMap<String, u64>) -> (u64, u64) {
+    c.iter().fold((0, 0), |(p, d), (k, n)| {
+        if k == "passed" {
+            (p + n, d)
+        } else {
+            (p, d + n)
+        }
+    })
+}
+
 /// Which IPv4 source addresses an interface may use.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum V4 {
@@ -137,7 +152,7 @@ pub trait Firewall: Send + Sync {
     /// A [`V4::Leased`] interface's addresses now (its DHCP lease).
     fn learn(&self, tap: &str, v4: &[Ipv4Addr]) -> std::io::Result<()>;
     /// Each interface's packets by verdict ([`KINDS`]).
-    fn counters(&self) -> BTreeMap<String, BTreeMap<String, u64>>;
+    fn counters(&self) -> Counts;
     /// The interfaces that have rules now, as applied.
     fn policies(&self) -> Vec<Policy>;
 }
@@ -244,7 +259,7 @@ impl Firewall for Nft {
         Ok(())
     }
 
-    fn counters(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+    fn counters(&self) -> Counts {
         let Ok(v) = nft_json(&["list", "counters", "table", "bridge", &self.table]) else {
             return BTreeMap::new();
         };
@@ -499,8 +514,8 @@ fn items<'a>(
 }
 
 /// `nft -j list counters`: TAP_KIND counters by tap and kind.
-fn parse_counters(v: &serde_json::Value) -> BTreeMap<String, BTreeMap<String, u64>> {
-    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+fn parse_counters(v: &serde_json::Value) -> Counts {
+    let mut out = Counts::new();
     for c in items(v, "counter") {
         let (Some(name), Some(packets)) = (
             c.get("name").and_then(serde_json::Value::as_str),

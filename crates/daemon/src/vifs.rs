@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use domus_api::domain::{DomainConfig, Vif};
 
-use crate::network::tap_error;
-use crate::vfr::{Policy, V4};
+use crate::network::{tap_error, Taps};
+use crate::vfr::{Firewall, Policy, V4};
 use crate::{db, lock, Daemon, Error, Result};
 
 /// A MAC of QEMU's and KVM's locally administered prefix, 52:54:00.
@@ -20,6 +20,15 @@ pub(crate) fn random_mac() -> String {
     // SAFETY: getrandom writes at most b.len() bytes into b.
     unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
     format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
+}
+
+/// [`Daemon::unplug_tap`] with the host's taps and firewall in hand (for a
+/// thread that outlives the call that started it).
+pub(crate) fn unplug(taps: &dyn Taps, fw: Option<&dyn Firewall>, tap: &str) {
+    let _ = taps.remove(tap);
+    if let Some(fw) = fw {
+        let _ = fw.remove(tap);
+    }
 }
 
 impl Daemon {
@@ -56,10 +65,7 @@ impl Daemon {
 
     /// Removes tap `tap` and then its rules (so it is never up unfiltered).
     pub(crate) fn unplug_tap(&self, tap: &str) {
-        let _ = self.host.taps.remove(tap);
-        if let Some(fw) = &self.host.firewall {
-            let _ = fw.remove(tap);
-        }
+        unplug(&*self.host.taps, self.host.firewall.as_deref(), tap);
     }
 
     /// Gives `c`'s interfaces a MAC where they have none (the VFR lets
@@ -230,9 +236,7 @@ impl Daemon {
     }
 
     /// Each interface's VFR counts by verdict ([`crate::vfr::KINDS`]).
-    pub(crate) fn vfr_counters(
-        &self,
-    ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> {
+    pub(crate) fn vfr_counters(&self) -> crate::vfr::Counts {
         self.host
             .firewall
             .as_ref()

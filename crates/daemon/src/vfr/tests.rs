@@ -67,6 +67,7 @@ fn scripts_hold_each_rule_once_and_remove_what_they_add() {
     let c = parse_counters(&v);
     assert_eq!(c["dmab1n0"]["mac"], 3);
     assert_eq!(c["dmab1n0"]["passed"], 9);
+    assert_eq!(passed_dropped(&c["dmab1n0"]), (9, 3));
     assert_eq!(c.len(), 1);
 }
 
