@@ -86,7 +86,8 @@ impl Daemon {
         let cids = match base.vsock_cid {
             Some(saved) => {
                 let used: HashSet<u64> = rows.iter().filter_map(|r| r.config.vsock_cid).collect();
-                let cids = free_cids(saved, &used, names.len());
+                let host = |c| self.host.launcher.vsock_cid_free(c);
+                let cids = free_cids(saved, &used, host, names.len());
                 if cids.len() < names.len() {
                     return Err(Error::Invalid(format!(
                         "only {} vsock CIDs are free above the saved {saved}, for {} clones",
@@ -263,12 +264,22 @@ impl Daemon {
     }
 }
 
-/// Up to `n` vsock CIDs above `saved` that no domain in `used` has
-/// (fewer when the CIDs run out: they are below u32::MAX, which means
-/// any).
-fn free_cids(saved: u64, used: &HashSet<u64>, n: usize) -> Vec<u64> {
+/// Up to `n` vsock CIDs above `saved` that no domain in `used` has and
+/// that `host_free` says no other VM on the host holds (fewer when the
+/// CIDs run out: they are below u32::MAX, which means any).
+fn free_cids(
+    saved: u64,
+    used: &HashSet<u64>,
+    host_free: impl Fn(u64) -> bool,
+    n: usize,
+) -> Vec<u64> {
+    /// How many CIDs are asked about at most, so that a host that refuses
+    /// every one ends the search.
+    const ASKED: usize = 1 << 16;
     (saved.max(2).saturating_add(1)..u64::from(u32::MAX))
         .filter(|c| !used.contains(c))
+        .take(ASKED)
+        .filter(|c| host_free(*c))
         .take(n)
         .collect()
 }
@@ -401,11 +412,17 @@ mod tests {
     #[test]
     fn clones_take_the_free_cids_above_the_saved_one() {
         let used = HashSet::from([11, 13]);
-        assert_eq!(free_cids(10, &used, 3), vec![12, 14, 15]);
-        assert_eq!(free_cids(0, &HashSet::new(), 2), vec![3, 4]);
-        // A saved CID at the top of the range: what is left, not a hang.
+        let any = |_| true;
+        assert_eq!(free_cids(10, &used, any, 3), vec![12, 14, 15]);
+        assert_eq!(free_cids(0, &HashSet::new(), any, 2), vec![3, 4]);
+        // CIDs that other VMs on the host hold are passed over too.
+        let held = |c| c != 12 && c != 15;
+        assert_eq!(free_cids(10, &used, held, 3), vec![14, 16, 17]);
+        // A saved CID at the top of the range: what is left, not a hang;
+        // and a host that refuses every CID ends the search.
         let top = u64::from(u32::MAX) - 2;
-        assert_eq!(free_cids(top, &HashSet::new(), 3), vec![top + 1]);
-        assert!(free_cids(u64::MAX, &HashSet::new(), 3).is_empty());
+        assert_eq!(free_cids(top, &HashSet::new(), any, 3), vec![top + 1]);
+        assert!(free_cids(u64::MAX, &HashSet::new(), any, 3).is_empty());
+        assert!(free_cids(10, &used, |_| false, 3).is_empty());
     }
 }

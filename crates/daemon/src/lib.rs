@@ -286,6 +286,9 @@ pub fn instance_tag(state: &Path) -> String {
 pub trait Launcher: Send + Sync {
     /// Starts the VMM of `spec` (whose file `job` names).
     fn launch(&self, job: Job, spec: &VmSpec) -> std::io::Result<Process>;
+    /// Whether no VM on the host (the daemon's or any other VMM's) holds
+    /// vsock CID `cid`: the daemon asks before it picks CIDs itself.
+    fn vsock_cid_free(&self, cid: u64) -> bool;
 }
 
 /// What the daemon does to the host, each behind a trait so that its tests
@@ -393,6 +396,30 @@ impl Launcher for Exec {
     fn launch(&self, job: Job, _spec: &VmSpec) -> std::io::Result<Process> {
         domus_jail::spawn(job)
     }
+
+    fn vsock_cid_free(&self, cid: u64) -> bool {
+        host_vsock_cid_free(cid)
+    }
+}
+
+/// Asks the host kernel whether vsock CID `cid` is free: claims it on a
+/// vhost-vsock of our own, which fails with EADDRINUSE while any VM holds
+/// it, and lets it go again by closing that. True when the host has no
+/// vhost-vsock to ask: the VMM then says what is missing.
+fn host_vsock_cid_free(cid: u64) -> bool {
+    use std::os::fd::AsRawFd;
+    /// `_IOW(VHOST_VIRTIO, 0x60, __u64)` from linux/vhost.h.
+    const VHOST_VSOCK_SET_GUEST_CID: libc::c_ulong = 0x4008_af60;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/vhost-vsock")
+    else {
+        return true;
+    };
+    // SAFETY: the ioctl reads one u64 from a live local, on our own fd.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), VHOST_VSOCK_SET_GUEST_CID as _, &cid) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EADDRINUSE)
 }
 
 impl Daemon {

@@ -92,12 +92,20 @@ fn daemon_saves_and_restores_a_jailed_domain() {
     let (ok, _, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(!ok && err.contains("only its name and clone"), "{err}");
     std::fs::write(&cfg, "name = 'sv-clone'\nclone = 'sv2.snap'\n").unwrap();
+    // The first free CID above the saved one is held by a VM the daemon
+    // does not know (another test's, another VMM's): the clone passes it
+    // over.
+    let (held_cid, held) = hold_vsock_cid(u64::from(guest.cid) + 1);
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
+    drop(held);
     let d = find(&state, "sv-clone").expect("the clone");
     assert_eq!(d.state, State::Running);
     let cid = d.vsock_cid.expect("a vsock CID");
-    assert_ne!(cid, u64::from(guest.cid), "the clone has a CID of its own");
+    assert!(
+        cid > u64::from(guest.cid) && cid != held_cid,
+        "the clone has a CID of its own, not one another VM holds: {cid}"
+    );
     let clone = Client::new(cid as u32, agent::AGENT_PORT);
     restored_ready(&clone);
     assert_eq!(guest_sh(&clone, "cat /tmp/marker"), "in-memory");
@@ -106,4 +114,29 @@ fn daemon_saves_and_restores_a_jailed_domain() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     assert_no_cgroups_left(&state);
+}
+
+/// Claims the first vsock CID from `from` up that no VM holds, as a VM
+/// would (a vhost-vsock of its own), until the file is dropped.
+fn hold_vsock_cid(from: u64) -> (u64, std::fs::File) {
+    use std::os::fd::AsRawFd;
+    const VHOST_VSOCK_SET_GUEST_CID: libc::c_ulong = 0x4008_af60;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/vhost-vsock")
+        .expect("/dev/vhost-vsock in the nested host");
+    for cid in from..from + 64 {
+        // SAFETY: the ioctl reads one u64 from a live local, on our own fd.
+        if unsafe { libc::ioctl(f.as_raw_fd(), VHOST_VSOCK_SET_GUEST_CID as _, &cid) } == 0 {
+            return (cid, f);
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EADDRINUSE),
+            "holding vsock CID {cid}: {e}"
+        );
+    }
+    panic!("no free vsock CID in {from}..{}", from + 64)
 }
