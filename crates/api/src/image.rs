@@ -14,15 +14,16 @@ pub const RECORD: &str = "image.json";
 #[serde(deny_unknown_fields)]
 pub struct ImageRecord {
     pub name: String,
-    /// Debian's suite (bookworm, trixie, ...).
+    /// Debian's suite (bookworm, trixie, ...); for an imported image its
+    /// os-release's VERSION_CODENAME (noble, ...).
     pub suite: String,
     /// The packages installed beyond the base set, as asked.
     #[serde(default)]
     pub packages: Vec<String>,
     /// The root disk's size (as the guest sees it), in bytes.
     pub size_bytes: u64,
-    /// The qcow2 root disk (an ext4 file system without a partition table:
-    /// the guest's `/dev/vda`).
+    /// The qcow2 root disk, the guest's `/dev/vda` (built: an ext4 file
+    /// system without a partition table; imported: as the user's disk was).
     pub disk: PathBuf,
     pub kernel: PathBuf,
     pub initrd: PathBuf,
@@ -33,6 +34,13 @@ pub struct ImageRecord {
     /// A hash of everything the build was asked (suite, packages, size,
     /// the build's own version): the same inputs build the same image.
     pub inputs: String,
+    /// The kernel's `root=` for domains of this image (`UUID=...` for an
+    /// imported one); none: `/dev/vda`, the whole first disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// The file `domus image import` made it from; none: built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<PathBuf>,
 }
 
 /// A listed image: its record and where it is.

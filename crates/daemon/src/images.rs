@@ -14,6 +14,15 @@ use domus_image::{Seed, Store};
 
 use crate::{db, overlay_dir, Daemon, Error, Result};
 
+/// Whether kernel command line `cmdline` names a `root=` (before a `--`,
+/// after which the words are init's).
+fn names_root(cmdline: &str) -> bool {
+    cmdline
+        .split_whitespace()
+        .take_while(|w| *w != "--")
+        .any(|w| w.starts_with("root="))
+}
+
 /// The vdevs the image's root disk takes (the guest's /dev/vda).
 const ROOT_VDEVS: [&str; 4] = ["xvda", "vda", "hda", "sda"];
 
@@ -39,6 +48,10 @@ impl Daemon {
                 d.vdev,
                 d.path.display()
             )));
+        }
+        if !names_root(&c.cmdline) {
+            let root = rec.root.as_deref().unwrap_or("/dev/vda");
+            c.cmdline = format!("root={root} {}", c.cmdline);
         }
         if c.kernel.as_os_str().is_empty() {
             c.kernel = info.dir.join(&rec.kernel);
@@ -155,4 +168,89 @@ fn next_vdev(disks: &[Disk]) -> String {
         .map(|c| format!("xvd{}", c as char))
         .find(|v| !disks.iter().any(|d| &d.vdev == v))
         .unwrap_or_else(|| "xvdz".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use domus_api::image::{ImageRecord, RECORD};
+
+    use crate::fakes::{daemon_with, host, StandIn};
+    use crate::paths::Files;
+    use crate::Policy;
+
+    /// An image `name` in `images` whose record names `root`.
+    fn image(images: &std::path::Path, name: &str, root: Option<&str>) {
+        let dir = images.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        domus_disk::create(
+            &dir.join("disk.qcow2"),
+            &domus_disk::CreateOptions::size(1 << 20),
+        )
+        .unwrap();
+        std::fs::write(dir.join("vmlinuz"), b"k").unwrap();
+        std::fs::write(dir.join("initrd.img"), b"i").unwrap();
+        let rec = ImageRecord {
+            name: name.into(),
+            suite: "noble".into(),
+            packages: vec![],
+            size_bytes: 1 << 20,
+            disk: "disk.qcow2".into(),
+            kernel: "vmlinuz".into(),
+            initrd: "initrd.img".into(),
+            kernel_version: "6.8".into(),
+            built: 0,
+            inputs: "x".into(),
+            root: root.map(str::to_owned),
+            source: None,
+        };
+        std::fs::write(dir.join(RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn an_image_domain_boots_the_root_its_image_names_unless_told_another() {
+        let images = std::env::temp_dir().join(format!("domus-images-root-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&images);
+        image(&images, "built", None);
+        image(&images, "imported", Some("UUID=2f0b8bd2-5c0e"));
+        // The daemon serves its overlays (as `domus daemon` does).
+        let overlays = std::env::temp_dir()
+            .join(format!("domus-fake-image-root-{}", std::process::id()))
+            .join("overlays");
+        let policy = Policy {
+            reserve_mib: 0,
+            files: Files::new(vec![images.clone(), overlays], Vec::new()),
+            ..Policy::any()
+        };
+        let s = StandIn::new(Duration::from_millis(5), None);
+        let (d, state) = daemon_with("image-root", policy, host(s));
+        for (name, settings, root) in [
+            ("a", "image = 'built'", "root=/dev/vda rw console=ttyS0"),
+            (
+                "b",
+                "image = 'imported'",
+                "root=UUID=2f0b8bd2-5c0e rw console=ttyS0",
+            ),
+            (
+                "c",
+                "image = 'imported'\nroot = '/dev/vda2'",
+                "root=/dev/vda2 console=ttyS0",
+            ),
+        ] {
+            let cfg = format!("name = '{name}'\nmemory = 64\n{settings}\n");
+            d.create("x.cfg", "/", &cfg, &[]).unwrap();
+            assert_eq!(d.find(name).unwrap().config.cmdline, root, "{settings}");
+            d.destroy(name).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(state);
+        let _ = std::fs::remove_dir_all(images);
+    }
+
+    #[test]
+    fn a_root_after_the_double_dash_is_init_s() {
+        assert!(super::names_root("quiet root=/dev/vdb"));
+        assert!(!super::names_root("rw -- root=/dev/vdb"));
+        assert!(!super::names_root("rootwait rw"));
+    }
 }

@@ -88,3 +88,30 @@ pub fn seed() -> Vec<u8> {
     let _ = std::fs::remove_file(&p);
     data
 }
+
+/// Reads `data` as a disk's partition table (`domus image import`).
+pub fn partitions(data: &[u8]) {
+    let mut read = |buf: &mut [u8], at: u64| {
+        let at = usize::try_from(at).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        let src = at
+            .checked_add(buf.len())
+            .and_then(|end| data.get(at..end))
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    };
+    let _ = crate::partitions::partitions(&mut read, data.len() as u64);
+}
+
+/// A small disk with a GPT of two partitions, for the `partitions` target.
+pub fn partition_seed() -> Vec<u8> {
+    let mut d = vec![0u8; 64 << 10];
+    crate::partitions::write_gpt(
+        &mut d,
+        &[
+            (34, 63, crate::partitions::Kind::LINUX_ROOT_X86_64),
+            (64, 127, [7u8; 16]),
+        ],
+    );
+    d
+}

@@ -25,6 +25,7 @@ mod create;
 pub mod fuzz;
 mod header;
 mod image;
+pub mod partitions;
 
 use std::fs::File;
 use std::io;

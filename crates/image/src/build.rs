@@ -82,7 +82,7 @@ fn host_mirror(suite: &str) -> Option<String> {
     })
 }
 
-fn write(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
     if let Some(d) = path.parent() {
         fs::create_dir_all(d).map_err(|e| Error::io(d.display(), e))?;
     }
@@ -199,6 +199,8 @@ fn build_in(
         kernel_version: version,
         built,
         inputs: opts.inputs(),
+        root: None,
+        source: None,
     };
     let text = serde_json::to_string_pretty(&rec).map_err(|e| Error::io(RECORD, e.into()))?;
     write(&out.join(RECORD), &text)?;
@@ -263,7 +265,7 @@ fn kernel_version(root: &Path) -> Result<String> {
 /// Copies raw image `raw` into a new qcow2 `disk` of `size` bytes, only
 /// its data extents (SEEK_DATA/SEEK_HOLE) and of those only blocks that
 /// are not zero.
-fn to_qcow2(raw: &Path, disk: &Path, size: u64) -> Result<()> {
+pub(crate) fn to_qcow2(raw: &Path, disk: &Path, size: u64) -> Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     create(disk, &CreateOptions::size(size))?;

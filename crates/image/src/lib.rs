@@ -2,17 +2,22 @@
 //! directories that hold them, and the cloud-init seed disks that configure
 //! a domain booted from one.
 //!
-//! An image is a directory `NAME/` in an image directory: `disk.qcow2` (an
-//! ext4 root file system on the whole disk, no partition table), the
-//! `vmlinuz` and `initrd.img` of the Debian kernel installed inside, and
+//! An image is a directory `NAME/` in an image directory: `disk.qcow2` (for
+//! a built image an ext4 root file system on the whole disk, no partition
+//! table; for an imported one whatever the user's disk holds), the
+//! `vmlinuz` and `initrd.img` of the kernel installed inside, and
 //! `image.json` ([`domus_api::image::ImageRecord`]). Domains never write
-//! it: each gets a qcow2 overlay on `disk.qcow2`.
+//! it: each gets a qcow2 overlay on `disk.qcow2`. `domus image build`
+//! makes one from Debian's packages ([`build`]); `domus image import`
+//! takes a cloud image a user brings ([`import`]).
 
 mod build;
+mod import;
 mod seed;
 mod store;
 
 pub use build::{build, BuildOptions, BASE_PACKAGES};
+pub use import::{import, ImportOptions};
 pub use seed::{make_seed, Seed};
 pub use store::Store;
 

@@ -157,6 +157,8 @@ mod tests {
             kernel_version: "6.1".into(),
             built: 0,
             inputs: "x".into(),
+            root: None,
+            source: None,
         };
         fs::write(dir.join(RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
         dir

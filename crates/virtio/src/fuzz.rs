@@ -315,6 +315,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     m[0x1002..0x1004].copy_from_slice(&1u16.to_le_bytes());
     out.push(("balloon-inflate".into(), m));
     out.push(("qcow2-image".into(), domus_disk::fuzz::seed()));
+    out.push(("gpt-disk".into(), domus_disk::fuzz::partition_seed()));
     out
 }
 
@@ -328,6 +329,15 @@ mod tests {
             if name.starts_with("qcow2") {
                 assert!(s.starts_with(b"QFI\xfb"), "the qcow2 seed is an image");
                 domus_disk::fuzz::qcow2(&s);
+                continue;
+            }
+            if name.starts_with("gpt") {
+                let mut read = |b: &mut [u8], at: u64| {
+                    b.copy_from_slice(&s[at as usize..at as usize + b.len()]);
+                    Ok(())
+                };
+                let p = domus_disk::partitions::partitions(&mut read, s.len() as u64);
+                assert_eq!(p.unwrap().len(), 2, "the GPT seed has two partitions");
                 continue;
             }
             let blk = !name.starts_with("net") && !name.starts_with("balloon");

@@ -386,8 +386,9 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             let mut parts = Vec::new();
             match get("root") {
                 Some(s) => parts.push(format!("root={}", string(&s).map_err(|m| invalid(&s, m))?)),
-                // An image's root file system is the whole first disk.
-                None if image.is_some() => parts.push("root=/dev/vda rw".into()),
+                // The daemon puts the image's own root= before it (the
+                // whole first disk, or the UUID an imported image names).
+                None if image.is_some() => parts.push("rw".into()),
                 None => {}
             }
             if let Some(s) = get("extra") {
@@ -553,11 +554,11 @@ pool = "Pool-0"
             guest_cmdline("root=LABEL=x", &mut w),
             "root=LABEL=x console=ttyS0"
         );
-        // An image domain boots its whole first disk.
+        // An image domain's root= comes from the image, at create.
         let c = load("i.cfg", "name='i'\nimage='deb12'\nextra='quiet'", &[])
             .unwrap()
             .config;
-        assert_eq!(c.cmdline, "root=/dev/vda rw quiet console=ttyS0");
+        assert_eq!(c.cmdline, "rw quiet console=ttyS0");
         assert_eq!(c.image.unwrap().name, "deb12");
         assert!(load("i.cfg", "name='i'\nkernel='/k'\nimage_keep=1", &[]).is_err());
     }

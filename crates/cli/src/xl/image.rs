@@ -1,10 +1,11 @@
-//! `domus image build|list|rm`: images in the state directory's `images/`
-//! (or `--dir`), built and read locally; the daemon serves that directory.
+//! `domus image build|import|list|rm`: images in the state directory's
+//! `images/` (or `--dir`), built, imported and read locally; the daemon
+//! serves that directory.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use domus_image::{BuildOptions, Store};
+use domus_image::{BuildOptions, ImportOptions, Store};
 
 use super::{print_json, verb, StateArg};
 
@@ -18,6 +19,10 @@ pub struct ImageArgs {
 pub enum ImageVerb {
     /// Build a bootable Debian image from Debian's packages (as root).
     Build(BuildArgs),
+    /// Import a cloud image you bring (Debian's or Ubuntu's genericcloud
+    /// qcow2, or any raw or qcow2 disk with an ext4 Linux root): its
+    /// kernel and initrd are taken out for direct boot.
+    Import(ImportArgs),
     /// The images, with their suite, kernel, size and packages.
     List(ListArgs),
     /// Remove an image (refused while a domain's overlay uses it).
@@ -65,6 +70,15 @@ pub struct BuildArgs {
 }
 
 #[derive(clap::Args)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub at: DirArgs,
+    /// The disk image (raw or qcow2, read from its first bytes).
+    pub file: PathBuf,
+    pub name: String,
+}
+
+#[derive(clap::Args)]
 pub struct ListArgs {
     #[command(flatten)]
     pub at: DirArgs,
@@ -83,6 +97,7 @@ pub struct RmArgs {
 pub fn image(a: ImageArgs) -> ExitCode {
     match a.verb {
         ImageVerb::Build(b) => build(b),
+        ImageVerb::Import(i) => import(i),
         ImageVerb::List(l) => list(l),
         ImageVerb::Rm(r) => rm(r),
     }
@@ -132,6 +147,31 @@ fn build(a: BuildArgs) -> ExitCode {
             started.elapsed().as_secs_f64(),
             rec.suite,
             rec.kernel_version,
+            dir.join(&rec.name).display()
+        );
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn import(a: ImportArgs) -> ExitCode {
+    verb(|| {
+        let dir = a.at.dir();
+        let started = std::time::Instant::now();
+        let opts = ImportOptions {
+            name: a.name,
+            source: a.file,
+        };
+        let rec = domus_image::import(&dir, &opts, &mut |step| {
+            eprintln!("domus image import: {step}")
+        })
+        .map_err(|e| e.to_string())?;
+        eprintln!(
+            "domus image import: {} ready in {:.0} s: {} with kernel {}, root {}, in {}",
+            rec.name,
+            started.elapsed().as_secs_f64(),
+            rec.suite,
+            rec.kernel_version,
+            rec.root.as_deref().unwrap_or("/dev/vda"),
             dir.join(&rec.name).display()
         );
         Ok(ExitCode::SUCCESS)

@@ -1,5 +1,5 @@
 //! `domus-fuzz`: runs the virtio fuzz targets (`domus_virtio::fuzz`) and
-//! the qcow2 image target (`domus_disk::fuzz`) over a
+//! the disk targets (`domus_disk::fuzz`: qcow2 images, partition tables) over a
 //! corpus directory and then over random mutations of it until the time is
 //! up. A panic aborts the run after saving the input as `crash-<target>-*`
 //! in the current directory.
@@ -129,13 +129,14 @@ fn main() {
     if corpus.is_empty() {
         corpus = fuzz::seeds().into_iter().map(|(_, d)| d).collect();
     }
-    let all: [Target; 6] = [
+    let all: [Target; 7] = [
         ("blk", fuzz::blk_queue),
         ("rng", fuzz::rng_queue),
         ("net-tx", fuzz::net_tx),
         ("net-rx", fuzz::net_rx),
         ("balloon", fuzz::balloon_queue),
         ("qcow2", domus_disk::fuzz::qcow2),
+        ("partitions", domus_disk::fuzz::partitions),
     ];
     let targets: Vec<Target> = all
         .into_iter()

@@ -3,10 +3,13 @@
 //! an address on the daemon's bridge, the host reaches it by ping and by
 //! SSH with the key the configuration gave, it resolves the host's name
 //! through the daemon's DNS, and it powers off on `domus shutdown -w`,
-//! taking its overlay and seed disk with it.
+//! taking its overlay and seed disk with it. Then a cloud image a user
+//! brings (tools/cloud-standin's, partitioned as Debian's genericcloud
+//! images are) is imported with `domus image import` and boots to SSH the
+//! same way, its root on /dev/vda1.
 //!
-//! The image is built before the nested host starts (it has no network) by
-//! tools/test, cached by its inputs, into $DOMUS_TEST_IMAGES.
+//! The image and the stand-in are made before the nested host starts (it
+//! has no network) by tools/test, cached, into $DOMUS_TEST_IMAGES.
 
 use super::*;
 
@@ -102,50 +105,12 @@ fn exclusive_an_image_domain_boots_gets_an_address_and_answers_ssh_with_the_inje
     assert!(overlays.join("web.qcow2").is_file() && overlays.join("web.seed.img").is_file());
     // Its address, from the daemon's DHCP (network-list shows the lease).
     let started = Instant::now();
-    let ip = loop {
-        let (ok, out, err) = domus_cli(&state, &["network-list", "--json", "web"]);
-        assert!(ok, "{err}");
-        let devs: Vec<domus_api::vmm::DeviceInfo> = serde_json::from_str(&out).unwrap();
-        if let Some(ip) = devs
-            .iter()
-            .map(|d| d.fact("ip").to_string())
-            .find(|i| !i.is_empty())
-        {
-            break ip;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(240),
-            "no DHCP lease after 240 s; console:\n{}",
-            std::fs::read_to_string(state.join("domains/1/console.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    assert!(ip.starts_with("10.201.0."), "{ip}");
+    let ip = lease(&state, "web", 1, started);
     let lease_s = started.elapsed().as_secs_f64();
-    let ping = Command::new("ping")
-        .args(["-c", "1", "-W", "5", &ip])
-        .output()
-        .unwrap();
-    assert!(
-        ping.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
+    ping(&ip);
     // SSH with the injected key (sshd comes up after the lease).
     let known = dir.join("known_hosts");
-    let mut last = String::new();
-    let mut up = false;
-    while started.elapsed() < Duration::from_secs(300) {
-        let (ok, out, err) = ssh(&key, &known, &ip, "hostname");
-        if ok {
-            assert_eq!(out.trim(), "web", "cloud-init set the hostname");
-            up = true;
-            break;
-        }
-        last = err;
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    assert!(up, "no SSH login within 300 s: {last}");
+    ssh_up(&key, &known, &ip, "web", started);
     let ssh_s = started.elapsed().as_secs_f64();
     // systemd reached multi-user with no failed unit.
     // (Asked again while sshd is not answering: cloud-init may restart it
@@ -186,5 +151,112 @@ fn exclusive_an_image_domain_boots_gets_an_address_and_answers_ssh_with_the_inje
         !overlays.join("web.qcow2").exists() && !overlays.join("web.seed.img").exists(),
         "its overlay and seed go with it"
     );
+
+    // A cloud image the user brings: tools/cloud-standin's qcow2 laid out
+    // as Debian's genericcloud images are (a GPT, the root on partition 1),
+    // imported into a directory the daemon serves, booted from the kernel
+    // and initrd taken out of it, its root found by UUID.
+    let standin = images.join("cloud-standin.qcow2");
+    assert!(standin.is_file(), "tools/test makes {}", standin.display());
+    let dir_arg = dir.display().to_string();
+    let (ok, out, err) = domus_cli(
+        &state,
+        &[
+            "image",
+            "import",
+            "--dir",
+            &dir_arg,
+            standin.to_str().unwrap(),
+            "cloudy",
+        ],
+    );
+    assert!(ok && err.contains("root UUID="), "{out}{err}");
+    let cfg = dir.join("cloud.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = 'cloud'\nimage = 'cloudy'\nmemory = 1024\nvcpus = 2\nvif = ['']\nssh_keys = ['{}']\n",
+            public.trim()
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let started = Instant::now();
+    let ip = lease(&state, "cloud", 2, started);
+    // Its own host keys, perhaps at web's old address.
+    let known = dir.join("known_hosts_cloud");
+    ssh_up(&key, &known, &ip, "cloud", started);
+    let (ok, out, err) = ssh(&key, &known, &ip, "findmnt -no SOURCE /");
+    assert!(
+        ok && out.trim() == "/dev/vda1",
+        "the root is partition 1: {out}{err}"
+    );
+    eprintln!(
+        "imported image domain: SSH after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "cloud"]);
+    assert!(ok, "{out}{err}");
+    assert!(find(&state, "cloud").is_none());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The address the daemon's DHCP leased to domain `name` (id `id`), as
+/// `network-list` shows it; within 240 s of `started`.
+fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> String {
+    loop {
+        let (ok, out, err) = domus_cli(state, &["network-list", "--json", name]);
+        assert!(ok, "{err}");
+        let devs: Vec<domus_api::vmm::DeviceInfo> = serde_json::from_str(&out).unwrap();
+        if let Some(ip) = devs
+            .iter()
+            .map(|d| d.fact("ip").to_string())
+            .find(|i| !i.is_empty())
+        {
+            assert!(ip.starts_with("10.201.0."), "{ip}");
+            return ip;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "{name}: no DHCP lease after 240 s; console:\n{}",
+            std::fs::read_to_string(state.join(format!("domains/{id}/console.log")))
+                .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn ping(ip: &str) {
+    let ping = Command::new("ping")
+        .args(["-c", "1", "-W", "5", ip])
+        .output()
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+}
+
+/// Waits (to 300 s after `started`) for an SSH login with `key` to `ip`,
+/// whose hostname cloud-init must have set to `hostname`.
+fn ssh_up(
+    key: &std::path::Path,
+    known: &std::path::Path,
+    ip: &str,
+    hostname: &str,
+    started: Instant,
+) {
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(300) {
+        let (ok, out, err) = ssh(key, known, ip, "hostname");
+        if ok {
+            assert_eq!(out.trim(), hostname, "cloud-init set the hostname");
+            return;
+        }
+        last = err;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    panic!("no SSH login to {hostname} within 300 s: {last}");
 }
