@@ -367,11 +367,19 @@ fn ls(fs: &Path, dir: &str) -> Vec<String> {
 }
 
 /// The kernel versions in `names` that have both `vmlinuz-V` and
-/// `initrd.img-V`, oldest first.
+/// `initrd.img-V`, oldest first. Only versions of plain characters: a name
+/// is the image's word, and goes into a debugfs request.
 fn kernels(names: &[String]) -> Vec<String> {
+    let plain = |v: &&str| {
+        !v.is_empty()
+            && v.len() <= 128
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._+~-".contains(&b))
+    };
     let mut v: Vec<String> = names
         .iter()
         .filter_map(|n| n.strip_prefix("vmlinuz-"))
+        .filter(plain)
         .filter(|v| names.iter().any(|n| *n == format!("initrd.img-{v}")))
         .map(str::to_owned)
         .collect();
@@ -422,3 +430,24 @@ fn dump(fs: &Path, file: &str, to: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod names {
+    #[test]
+    fn kernels_pair_with_initrds_sort_by_version_and_odd_names_are_left_out() {
+        let names: Vec<String> = [
+            "vmlinuz-6.1.0-9-amd64",
+            "initrd.img-6.1.0-9-amd64",
+            "vmlinuz-6.1.0-27-amd64",
+            "initrd.img-6.1.0-27-amd64",
+            "vmlinuz-7.0",
+            "vmlinuz-6.2 /tmp/x",
+            "initrd.img-6.2 /tmp/x",
+            "config-6.1.0-27-amd64",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(super::kernels(&names), ["6.1.0-9-amd64", "6.1.0-27-amd64"]);
+    }
+}
