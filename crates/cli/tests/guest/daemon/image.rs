@@ -3,8 +3,8 @@
 //! an address on the daemon's bridge, the host reaches it by ping and by
 //! SSH with the key the configuration gave, it resolves the host's name
 //! through the daemon's DNS, and it powers off on `domus shutdown -w`,
-//! taking its overlay and seed disk with it. Beside it, a domain of a
-//! cloud image as users bring them (tools/cloud-standin's, partitioned as
+//! taking its overlay and seed disk with it. Then a domain of a cloud
+//! image as users bring them (tools/cloud-standin's, partitioned as
 //! Debian's genericcloud images are, imported with `domus image import`)
 //! boots to SSH the same way, its root on /dev/vda1.
 //!
@@ -105,26 +105,6 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
     let started = Instant::now();
-    // Beside it, from a cloud image as users bring them: tools/cloud-standin
-    // laid the test image out as Debian's genericcloud images are (a GPT,
-    // the root on partition 1) and imported it (`domus image import`):
-    // booted from the kernel and initrd taken out of it, its root found by
-    // UUID.
-    let rec = std::fs::read_to_string(images.join("cloud-standin/image.json"))
-        .expect("tools/test imports the image cloud-standin");
-    assert!(rec.contains("\"root\": \"UUID="), "{rec}");
-    let cloud_cfg = dir.join("cloud.cfg");
-    std::fs::write(
-        &cloud_cfg,
-        format!(
-            "name = 'cloud'\nimage = 'cloud-standin'\nmemory = 1024\nvcpus = 2\nvif = ['']\nssh_keys = ['{}']\n",
-            public.trim()
-        ),
-    )
-    .unwrap();
-    let (ok, out, err) = domus_cli(&state, &["create", cloud_cfg.to_str().unwrap()]);
-    assert!(ok, "{out}{err}");
-    let cloud_started = Instant::now();
     let overlays = state.join("overlays");
     assert!(overlays.join("web.qcow2").is_file() && overlays.join("web.seed.img").is_file());
     // Its address, from the daemon's DHCP (network-list shows the lease).
@@ -153,6 +133,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
         std::thread::sleep(Duration::from_secs(2));
     }
     assert_eq!(state_of.trim(), "running", "{state_of}{err}");
+    let running_s = started.elapsed().as_secs_f64();
     let (ok, out, err) = ssh(&key, &known, &ip, "getent hosts host.domus");
     assert!(ok && out.starts_with("10.201.0.1 "), "{out}{err}");
     // Another key is refused.
@@ -165,18 +146,45 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
         .unwrap();
     let (ok, _, _) = ssh(&other, &known, &ip, "true");
     assert!(!ok, "a key the domain was not given logs in");
-    eprintln!("image domain: lease after {lease_s:.1} s, SSH after {ssh_s:.1} s");
+    eprintln!(
+        "image domain: lease after {lease_s:.1} s, SSH after {ssh_s:.1} s, \
+         systemd running after {running_s:.1} s"
+    );
     // The power button: systemd-logind powers it off.
     let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "web"]);
     assert!(ok, "{out}{err}");
     assert!(find(&state, "web").is_none());
+    eprintln!(
+        "image domain: powered off after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     assert!(
         !overlays.join("web.qcow2").exists() && !overlays.join("web.seed.img").exists(),
         "its overlay and seed go with it"
     );
 
+    // Then one from a cloud image as users bring them: tools/cloud-standin
+    // laid the test image out as Debian's genericcloud images are (a GPT,
+    // the root on partition 1) and imported it (`domus image import`):
+    // booted from the kernel and initrd taken out of it, its root found by
+    // UUID.
+    let rec = std::fs::read_to_string(images.join("cloud-standin/image.json"))
+        .expect("tools/test imports the image cloud-standin");
+    assert!(rec.contains("\"root\": \"UUID="), "{rec}");
+    let cloud_cfg = dir.join("cloud.cfg");
+    std::fs::write(
+        &cloud_cfg,
+        format!(
+            "name = 'cloud'\nimage = 'cloud-standin'\nmemory = 1024\nvcpus = 2\nvif = ['']\nssh_keys = ['{}']\n",
+            public.trim()
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = domus_cli(&state, &["create", cloud_cfg.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let cloud_started = Instant::now();
     let ip = lease(&state, "cloud", 2, cloud_started);
-    // Its own host keys: a known_hosts file of its own.
+    // Its own host keys, perhaps at web's old address.
     let known = dir.join("known_hosts_cloud");
     ssh_up(&key, &known, &ip, "cloud", cloud_started);
     let (ok, out, err) = ssh(&key, &known, &ip, "findmnt -no SOURCE /");
