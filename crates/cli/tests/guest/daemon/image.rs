@@ -113,7 +113,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     ping(&ip);
     // SSH with the injected key (sshd comes up after the lease).
     let known = dir.join("known_hosts");
-    ssh_up(&key, &known, &ip, "web", started);
+    ssh_up(&state, &key, &known, &ip, "web", started);
     let ssh_s = started.elapsed().as_secs_f64();
     // systemd reached multi-user with no failed unit.
     // (Asked again while sshd is not answering: cloud-init may restart it
@@ -186,7 +186,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     let ip = lease(&state, "cloud", 2, cloud_started);
     // Its own host keys, perhaps at web's old address.
     let known = dir.join("known_hosts_cloud");
-    ssh_up(&key, &known, &ip, "cloud", cloud_started);
+    ssh_up(&state, &key, &known, &ip, "cloud", cloud_started);
     let (ok, out, err) = ssh(&key, &known, &ip, "findmnt -no SOURCE /");
     assert!(
         ok && out.trim() == "/dev/vda1",
@@ -202,13 +202,44 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Fails the test with `msg`; when the guest of domain `name` reset by a
+/// triple fault on the way (the daemon restarted it), says so first, at the
+/// start of a line, as a standalone VMM does: tools/test then runs the test
+/// again in a fresh nested host, as for any guest the platform reset
+/// (README, known issues), and counts it.
+fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
+    let log = std::fs::read_to_string(state.with_file_name("daemon.log")).unwrap_or_default();
+    let resets = log
+        .lines()
+        .filter(|l| {
+            l.contains(&format!(
+                "domain {name} VMM log: domus: a vCPU triple-faulted"
+            ))
+        })
+        .count();
+    if resets > 0 {
+        panic!(
+            "\ndomus: a vCPU triple-faulted in domain {name}'s guest {resets} time(s) \
+             (the daemon restarted it)\n{msg}"
+        );
+    }
+    panic!("{msg}");
+}
+
 /// The address the daemon's DHCP leased to domain `name` (id `id`), as
-/// `network-list` shows it; within 240 s of `started`.
+/// `network-list` shows it; within 300 s of `started`. A domain the daemon
+/// is restarting has none yet.
 fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> String {
     loop {
         let (ok, out, err) = domus_cli(state, &["network-list", "--json", name]);
-        assert!(ok, "{err}");
-        let devs: Vec<domus_api::vmm::DeviceInfo> = serde_json::from_str(&out).unwrap();
+        if !ok && !err.contains("is restarting") {
+            fail(state, name, &err);
+        }
+        let devs: Vec<domus_api::vmm::DeviceInfo> = if ok {
+            serde_json::from_str(&out).unwrap()
+        } else {
+            Vec::new()
+        };
         if let Some(ip) = devs
             .iter()
             .map(|d| d.fact("ip").to_string())
@@ -217,12 +248,15 @@ fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> Stri
             assert!(ip.starts_with("10.201.0."), "{ip}");
             return ip;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(240),
-            "{name}: no DHCP lease after 240 s; console:\n{}",
-            std::fs::read_to_string(state.join(format!("domains/{id}/console.log")))
-                .unwrap_or_default()
-        );
+        if started.elapsed() > Duration::from_secs(300) {
+            let console = std::fs::read_to_string(state.join(format!("domains/{id}/console.log")))
+                .unwrap_or_default();
+            fail(
+                state,
+                name,
+                &format!("{name}: no DHCP lease after 300 s; console:\n{console}"),
+            );
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -239,9 +273,11 @@ fn ping(ip: &str) {
     );
 }
 
-/// Waits (to 300 s after `started`) for an SSH login with `key` to `ip`,
-/// whose hostname cloud-init must have set to `hostname`.
+/// Waits (to 420 s after `started`) for an SSH login with `key` to `ip`,
+/// whose hostname cloud-init must have set to `hostname` (domain `hostname`
+/// of the daemon on `state`).
 fn ssh_up(
+    state: &std::path::Path,
     key: &std::path::Path,
     known: &std::path::Path,
     ip: &str,
@@ -249,7 +285,7 @@ fn ssh_up(
     started: Instant,
 ) {
     let mut last = String::new();
-    while started.elapsed() < Duration::from_secs(300) {
+    while started.elapsed() < Duration::from_secs(420) {
         let (ok, out, err) = ssh(key, known, ip, "hostname");
         if ok {
             assert_eq!(out.trim(), hostname, "cloud-init set the hostname");
@@ -258,5 +294,9 @@ fn ssh_up(
         last = err;
         std::thread::sleep(Duration::from_secs(2));
     }
-    panic!("no SSH login to {hostname} within 300 s: {last}");
+    fail(
+        state,
+        hostname,
+        &format!("no SSH login to {hostname} within 420 s: {last}"),
+    );
 }
