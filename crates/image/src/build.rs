@@ -10,7 +10,7 @@ use std::process::Command;
 use domus_api::image::{ImageRecord, RECORD};
 use domus_disk::{create, CreateOptions, Format, Qcow2Image};
 
-use crate::{check_name, run, Error, Result};
+use crate::{run, staged, Error, Result};
 
 /// Installed in every image: systemd with logind (the ACPI power button
 /// powers it off), cloud-init for first-boot configuration from the seed
@@ -97,37 +97,28 @@ pub fn build(
     opts: &BuildOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ImageRecord> {
-    check_name(&opts.name)?;
-    let dest = images.join(&opts.name);
-    if dest.exists() {
-        return Err(Error::Exists(opts.name.clone()));
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::Tool {
-            tool: "mmdebstrap".into(),
-            reason: "building an image needs root (the tree is set up in a chroot)".into(),
-        });
-    }
-    if opts.size < 1 << 30 {
-        return Err(Error::Tool {
-            tool: "mkfs.ext4".into(),
-            reason: format!(
-                "{} bytes is too small for a Debian root (1G at least)",
-                opts.size
-            ),
-        });
-    }
-    fs::create_dir_all(images).map_err(|e| Error::io(images.display(), e))?;
-    let work = images.join(format!(".build-{}-{}", opts.name, std::process::id()));
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir(&work).map_err(|e| Error::io(work.display(), e))?;
-    let r = build_in(&work, opts, progress).and_then(|rec| {
-        fs::rename(work.join("out"), &dest).map_err(|e| Error::io(dest.display(), e))?;
-        Ok(rec)
-    });
-    let _ = fs::remove_dir_all(&work);
-    r
+    let checks = || {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(Error::Tool {
+                tool: "mmdebstrap".into(),
+                reason: "building an image needs root (the tree is set up in a chroot)".into(),
+            });
+        }
+        if opts.size < 1 << 30 {
+            return Err(Error::Tool {
+                tool: "mkfs.ext4".into(),
+                reason: format!(
+                    "{} bytes is too small for a Debian root (1G at least)",
+                    opts.size
+                ),
+            });
+        }
+        Ok(())
+    };
+    staged(images, &opts.name, "build", checks, |work| {
+        build_in(work, opts, progress)
+    })
 }
 
 fn build_in(
@@ -137,7 +128,6 @@ fn build_in(
 ) -> Result<ImageRecord> {
     let root = work.join("root");
     let out = work.join("out");
-    fs::create_dir(&out).map_err(|e| Error::io(out.display(), e))?;
     let mirror = opts
         .mirror
         .clone()

@@ -19,7 +19,7 @@ use domus_disk::partitions::{partitions, Kind};
 use domus_disk::{create, CreateOptions, Format, Qcow2Image};
 
 use crate::build::{to_qcow2, write};
-use crate::{check_name, Error, Result};
+use crate::{staged, Error, Result};
 
 /// What `domus image import` is asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,21 +98,13 @@ pub fn import(
     opts: &ImportOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ImageRecord> {
-    check_name(&opts.name)?;
-    let dest = images.join(&opts.name);
-    if dest.exists() {
-        return Err(Error::Exists(opts.name.clone()));
-    }
-    fs::create_dir_all(images).map_err(|e| Error::io(images.display(), e))?;
-    let work = images.join(format!(".import-{}-{}", opts.name, std::process::id()));
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir(&work).map_err(|e| Error::io(work.display(), e))?;
-    let r = import_in(&work, opts, progress).and_then(|rec| {
-        fs::rename(work.join("out"), &dest).map_err(|e| Error::io(dest.display(), e))?;
-        Ok(rec)
-    });
-    let _ = fs::remove_dir_all(&work);
-    r
+    staged(
+        images,
+        &opts.name,
+        "import",
+        || Ok(()),
+        |work| import_in(work, opts, progress),
+    )
 }
 
 fn import_in(
@@ -121,7 +113,6 @@ fn import_in(
     progress: &mut dyn FnMut(&str),
 ) -> Result<ImageRecord> {
     let out = work.join("out");
-    fs::create_dir(&out).map_err(|e| Error::io(out.display(), e))?;
     let src_path = &opts.source;
     let (src, size) = Source::open(src_path)?;
     let broken = |reason: String| Error::Broken {

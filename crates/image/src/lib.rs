@@ -73,6 +73,41 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// Makes image `name` in `images` through a scratch directory of its own
+/// (`.TAG-NAME-PID`): refuses a name that is taken, runs `checks`, then
+/// `make`, which writes the image's files into the scratch directory's
+/// `out/` (made for it), and moves `out/` into place. Nothing is left of a
+/// step that fails.
+fn staged(
+    images: &std::path::Path,
+    name: &str,
+    tag: &str,
+    checks: impl FnOnce() -> Result<()>,
+    make: impl FnOnce(&std::path::Path) -> Result<domus_api::image::ImageRecord>,
+) -> Result<domus_api::image::ImageRecord> {
+    use std::fs;
+    check_name(name)?;
+    let dest = images.join(name);
+    if dest.exists() {
+        return Err(Error::Exists(name.into()));
+    }
+    checks()?;
+    fs::create_dir_all(images).map_err(|e| Error::io(images.display(), e))?;
+    let work = images.join(format!(".{tag}-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir(&work).map_err(|e| Error::io(work.display(), e))?;
+    let out = work.join("out");
+    let r = fs::create_dir(&out)
+        .map_err(|e| Error::io(out.display(), e))
+        .and_then(|()| make(&work))
+        .and_then(|rec| {
+            fs::rename(&out, &dest).map_err(|e| Error::io(dest.display(), e))?;
+            Ok(rec)
+        });
+    let _ = fs::remove_dir_all(&work);
+    r
+}
+
 /// Runs `cmd`, its output to `log` (or discarded); an error names the tool
 /// and ends with the log's last lines.
 fn run(cmd: &mut std::process::Command, log: Option<&std::path::Path>) -> Result<()> {
