@@ -61,6 +61,18 @@ impl Qcow2Image {
         }
     }
 
+    /// The qcow2 image at `path` with its backing chain, each file opened
+    /// by its path ([`crate::ByPath`]): for tools and tests; the VMM opens
+    /// its disks through its own [`crate::Opener`].
+    pub fn open_path(path: &std::path::Path, write: bool) -> Result<Self, crate::Error> {
+        let chain = crate::open(path, crate::Format::Qcow2, write, &mut crate::ByPath)?;
+        let access = chain.image.ok_or_else(|| crate::Error::Corrupt {
+            path: path.display().to_string(),
+            reason: "not opened as qcow2".into(),
+        })?;
+        Ok(Self::new(access, &chain.links[0].file))
+    }
+
     /// After a request that wrote `len` bytes at `offset`: writes the
     /// cached metadata out if it was the first into an L1 entry's range.
     fn settle(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use domus_api::image::{ImageRecord, RECORD};
-use domus_disk::{create, CreateOptions, Format, Qcow2Image};
+use domus_disk::{create, CreateOptions, Qcow2Image};
 
 use crate::{run, staged, Error, Result};
 
@@ -259,14 +259,7 @@ pub(crate) fn to_qcow2(raw: &Path, disk: &Path, size: u64) -> Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     create(disk, &CreateOptions::size(size))?;
-    let chain = domus_disk::open(disk, Format::Qcow2, true, &mut domus_disk::ByPath)?;
-    let Some(access) = chain.image else {
-        return Err(Error::Broken {
-            dir: disk.display().to_string(),
-            reason: "not opened as qcow2".into(),
-        });
-    };
-    let img = Qcow2Image::new(access, &chain.links[0].file);
+    let img = Qcow2Image::open_path(disk, true)?;
     let f = fs::File::open(raw).map_err(|e| Error::io(raw.display(), e))?;
     let len = f
         .metadata()
@@ -274,7 +267,6 @@ pub(crate) fn to_qcow2(raw: &Path, disk: &Path, size: u64) -> Result<()> {
         .len()
         .min(size);
     let io = |e| Error::io(disk.display(), e);
-    let mut buf = vec![0u8; 1 << 20];
     let mut at = 0u64;
     while at < len {
         // SAFETY: lseek on our own descriptor; no memory is involved.
@@ -285,19 +277,14 @@ pub(crate) fn to_qcow2(raw: &Path, disk: &Path, size: u64) -> Result<()> {
         // SAFETY: as above.
         let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
         let (start, end) = (data as u64, (hole.max(data) as u64).min(len));
-        let mut p = start;
-        while p < end {
-            let n = ((end - p) as usize).min(buf.len());
-            f.read_exact_at(&mut buf[..n], p)
-                .map_err(|e| Error::io(raw.display(), e))?;
-            // Block by block, so a mostly empty chunk writes little.
-            for (i, block) in buf[..n].chunks(64 << 10).enumerate() {
-                if block.iter().any(|b| *b != 0) {
-                    img.write(block, p + (i as u64) * (64 << 10)).map_err(io)?;
-                }
-            }
-            p += n as u64;
-        }
+        crate::copy_nonzero(
+            end - start,
+            |buf, p| {
+                f.read_exact_at(buf, start + p)
+                    .map_err(|e| Error::io(raw.display(), e))
+            },
+            |block, p| img.write(block, start + p).map_err(io),
+        )?;
         at = end.max(start + 1);
     }
     img.flush().map_err(io)?;
@@ -353,8 +340,7 @@ mod tests {
         f.write_all_at(&[9u8; 10], (8 << 20) - 10).unwrap();
         let q = d.join("d.qcow2");
         to_qcow2(&raw, &q, 8 << 20).unwrap();
-        let c = domus_disk::open(&q, Format::Qcow2, false, &mut domus_disk::ByPath).unwrap();
-        let img = Qcow2Image::new(c.image.unwrap(), &c.links[0].file);
+        let img = Qcow2Image::open_path(&q, false).unwrap();
         let mut all = vec![1u8; 8 << 20];
         img.read(&mut all, 0).unwrap();
         assert_eq!(all, fs::read(&raw).unwrap());

@@ -16,7 +16,7 @@ use std::process::Command;
 
 use domus_api::image::{ImageRecord, RECORD};
 use domus_disk::partitions::{partitions, Kind};
-use domus_disk::{create, CreateOptions, Format, Qcow2Image};
+use domus_disk::{create, CreateOptions, Qcow2Image};
 
 use crate::build::{to_qcow2, write};
 use crate::{staged, Error, Result};
@@ -59,12 +59,7 @@ impl Source {
                 ),
             });
         }
-        let chain = domus_disk::open(path, Format::Qcow2, false, &mut domus_disk::ByPath)?;
-        let access = chain.image.ok_or_else(|| Error::Broken {
-            dir: path.display().to_string(),
-            reason: "not opened as qcow2".into(),
-        })?;
-        let img = Qcow2Image::new(access, &chain.links[0].file);
+        let img = Qcow2Image::open_path(path, false)?;
         let size = img.size();
         Ok((Source::Qcow2(img), size))
     }
@@ -285,45 +280,29 @@ fn copy_out(src: &Source, start: u64, len: u64, to: &Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let f = fs::File::create(to).map_err(|e| Error::io(to.display(), e))?;
     f.set_len(len).map_err(|e| Error::io(to.display(), e))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    while at < len {
-        let n = (len - at).min(buf.len() as u64) as usize;
-        src.read(&mut buf[..n], start + at)
-            .map_err(|e| Error::io(format!("reading the disk at byte {}", start + at), e))?;
-        for (i, block) in buf[..n].chunks(64 << 10).enumerate() {
-            if block.iter().any(|b| *b != 0) {
-                f.write_all_at(block, at + (i as u64) * (64 << 10))
-                    .map_err(|e| Error::io(to.display(), e))?;
-            }
-        }
-        at += n as u64;
-    }
-    Ok(())
+    crate::copy_nonzero(
+        len,
+        |buf, at| {
+            src.read(buf, start + at)
+                .map_err(|e| Error::io(format!("reading the disk at byte {}", start + at), e))
+        },
+        |block, at| {
+            f.write_all_at(block, at)
+                .map_err(|e| Error::io(to.display(), e))
+        },
+    )
 }
 
 /// Copies qcow2 disk `img` (compressed or not) into a new qcow2 `disk`.
 fn qcow2_to_qcow2(img: &Qcow2Image, disk: &Path, size: u64) -> Result<()> {
     create(disk, &CreateOptions::size(size))?;
-    let chain = domus_disk::open(disk, Format::Qcow2, true, &mut domus_disk::ByPath)?;
-    let access = chain.image.ok_or_else(|| Error::Broken {
-        dir: disk.display().to_string(),
-        reason: "not opened as qcow2".into(),
-    })?;
-    let new = Qcow2Image::new(access, &chain.links[0].file);
+    let new = Qcow2Image::open_path(disk, true)?;
     let io = |e| Error::io(disk.display(), e);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    while at < size {
-        let n = (size - at).min(buf.len() as u64) as usize;
-        img.read(&mut buf[..n], at).map_err(io)?;
-        for (i, block) in buf[..n].chunks(64 << 10).enumerate() {
-            if block.iter().any(|b| *b != 0) {
-                new.write(block, at + (i as u64) * (64 << 10)).map_err(io)?;
-            }
-        }
-        at += n as u64;
-    }
+    crate::copy_nonzero(
+        size,
+        |buf, at| img.read(buf, at).map_err(io),
+        |block, at| new.write(block, at).map_err(io),
+    )?;
     new.flush().map_err(io)
 }
 

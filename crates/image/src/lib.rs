@@ -108,6 +108,31 @@ fn staged(
     r
 }
 
+/// Copies `len` bytes a MiB at a time: `read(buf, at)` fills `buf` from
+/// byte `at` of the source, and `write(block, at)` is called for each
+/// 64 KiB block that is not all zeroes (so a mostly empty disk writes
+/// little and its copy stays sparse).
+fn copy_nonzero(
+    len: u64,
+    mut read: impl FnMut(&mut [u8], u64) -> Result<()>,
+    mut write: impl FnMut(&[u8], u64) -> Result<()>,
+) -> Result<()> {
+    const BLOCK: usize = 64 << 10;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        read(&mut buf[..n], at)?;
+        for (i, block) in buf[..n].chunks(BLOCK).enumerate() {
+            if block.iter().any(|b| *b != 0) {
+                write(block, at + (i * BLOCK) as u64)?;
+            }
+        }
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// Runs `cmd`, its output to `log` (or discarded); an error names the tool
 /// and ends with the log's last lines.
 fn run(cmd: &mut std::process::Command, log: Option<&std::path::Path>) -> Result<()> {

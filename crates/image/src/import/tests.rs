@@ -116,9 +116,15 @@ fn opts(name: &str, source: &Path) -> ImportOptions {
 /// The imported image's disk, read back whole.
 fn read_back(images: &Path, name: &str, size: u64) -> Vec<u8> {
     let p = images.join(name).join("disk.qcow2");
-    let c = domus_disk::open(&p, Format::Qcow2, false, &mut domus_disk::ByPath).unwrap();
+    let c = domus_disk::open(
+        &p,
+        domus_disk::Format::Qcow2,
+        false,
+        &mut domus_disk::ByPath,
+    )
+    .unwrap();
     assert!(c.links.len() == 1, "a standalone qcow2");
-    let img = Qcow2Image::new(c.image.unwrap(), &c.links[0].file);
+    let img = Qcow2Image::open_path(&p, false).unwrap();
     let mut all = vec![0u8; size as usize];
     img.read(&mut all, 0).unwrap();
     all
