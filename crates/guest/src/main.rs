@@ -4,6 +4,8 @@
 //! initramfs, which has no C library.
 //!
 //! * `ioload PATH SECONDS`: block I/O throughput and IOPS (bench/io);
+//! * `osbench [SECONDS]`: lmbench-style operating-system microbenchmarks
+//!   (bench/paper's Tables 3-5; src/osbench.rs says what each measures);
 //! * `send tcp HOST PORT MIB` / `send vsock CID PORT MIB`: connects and
 //!   sends MIB MiB of a fixed pseudo-random stream;
 //! * `recv tcp PORT` / `recv vsock PORT`: accepts one connection and reads
@@ -32,13 +34,14 @@
 //! wire, so two ends can be compared.
 
 mod ioload;
+mod osbench;
 mod stream;
 
 use domus_guest::agent;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
+        "usage: domus-guest ioload PATH SECONDS | osbench [SECONDS]\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
     );
     std::process::exit(2);
 }
@@ -48,6 +51,9 @@ fn main() {
     let Some(cmd) = args.first() else { usage() };
     match cmd.as_str() {
         "ioload" => ioload::main(&args[1..]),
+        "osbench" => osbench::main(&args[1..]),
+        // What osbench's fork_exec runs.
+        "nop" => {}
         "send" | "recv" | "echo" | "ping" => stream::main(cmd, &args[1..]),
         "agent" => {
             let Some(port) = args.get(1).and_then(|p| p.parse().ok()) else {
