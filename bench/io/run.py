@@ -19,12 +19,17 @@ virtio-net backend (vhost=off, like Domus), vhost-vsock):
   * Native, on the host itself: ioload on the data image, and TCP over
     loopback. There is no native vsock row.
 
-Two more Domus variants (VARIANTS=domus,domus-vfr,domus-qcow2,qemu, for
-issue 15's rows; OUT_NAME names the results files): `domus-vfr`, with the
-virtual firewall-router's rules on both taps (`domus vfr apply`, as the
-daemon puts them on its domains'), and `domus-qcow2`, whose root and data
-disks are qcow2 overlays on the same raw images (`qemu-img create -b`), as
-an image-based domain's root disk is.
+More variants, for issue 15's rows (VARIANTS=domus,domus-vfr,domus-qcow2,
+domus-qcow2-used,qemu,qemu-qcow2; OUT_NAME names the results files):
+`domus-vfr`, with the virtual firewall-router's rules on both taps (`domus
+vfr apply`, as the daemon puts them on its domains'); `domus-qcow2` and
+`qemu-qcow2`, whose root and data disks are fresh qcow2 overlays on the
+same raw images (`qemu-img create -b`), as an image-based domain's root
+disk is: every first write into a 64 KiB cluster allocates it, and one
+that does not cover it whole copies the rest from the base; and
+`domus-qcow2-used`, whose data overlay has had every cluster written
+(`qemu-io`) before the guest starts, as a domain's overlay that has been
+in use for a while.
 
 Throughput is measured at the receiving end (accept to end of stream).
 Run with tools/bench-io, which runs each round (`run.py round OUT`) in a
@@ -70,7 +75,8 @@ CID = 42
 VARIANTS = os.environ.get("VARIANTS", "domus,domus-jail,qemu").split(",")
 OUT_NAME = os.environ.get("OUT_NAME", "results")
 NAMES = {"native": "native", "domus": "Domus", "domus-jail": "Domus jailed",
-         "domus-vfr": "Domus VFR", "domus-qcow2": "Domus qcow2", "qemu": "QEMU"}
+         "domus-vfr": "Domus VFR", "domus-qcow2": "Domus qcow2",
+         "domus-qcow2-used": "Domus qcow2 used", "qemu": "QEMU", "qemu-qcow2": "QEMU qcow2"}
 
 
 def say(msg):
@@ -141,9 +147,9 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
         c = [domus, "run", "--seccomp", *jail, "--kernel", k["kernel"], "--initrd", k["initrd"],
              "--memory", f"{MEMORY_MIB}M", "--vcpus", "1", "--cmdline", cl,
              "--net", f"tap={tap},mac={mac}"]
-        for path, ro in disks:
-            if vmm == "domus-qcow2" and not ro:
-                path = overlay(path)
+        for i, (path, ro) in enumerate(disks):
+            if "qcow2" in vmm and not ro:
+                path = overlay(path, vmm, i == 1) + ",format=qcow2"
             c += ["--disk", path + (",ro" if ro else "")]
         if cid:
             c += ["--vsock", f"cid={cid}"]
@@ -155,20 +161,26 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
          "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no,vhost=off",
          "-device", f"virtio-net-pci,netdev=n0,mac={mac}"]
     for i, (path, ro) in enumerate(disks):
-        c += ["-drive", f"file={path},if=none,id=d{i},format=raw" + (",readonly=on" if ro else ""),
+        fmt = "raw"
+        if "qcow2" in vmm and not ro:
+            path, fmt = overlay(path, vmm, i == 1), "qcow2"
+        c += ["-drive", f"file={path},if=none,id=d{i},format={fmt}" + (",readonly=on" if ro else ""),
               "-device", f"virtio-blk-pci,drive=d{i}"]
     if cid:
         c += ["-device", f"vhost-vsock-pci,guest-cid={cid}"]
     return c
 
 
-def overlay(path):
-    """A qcow2 overlay on raw image `path` (made once per round), as
-    `--disk` text."""
-    top = path + ".qcow2"
+def overlay(path, vmm, data):
+    """`vmm`'s qcow2 overlay on raw image `path` (made once per round and
+    variant); the data disk's has every cluster written first in the
+    `-used` variants."""
+    top = f"{path}.{vmm}.qcow2"
     if not os.path.exists(top):
         sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", path, "-F", "raw", top)
-    return top + ",format=qcow2"
+        if data and vmm.endswith("-used"):
+            sh("qemu-io", "-f", "qcow2", "-c", f"write -P 0x5a 0 {DATA_MIB}M", top)
+    return top
 
 
 def vfr(on):
@@ -339,8 +351,8 @@ def one_full_round(out_path):
             finally:
                 vfr(False)
             for p in (root, data):
-                if os.path.exists(p + ".qcow2"):
-                    os.remove(p + ".qcow2")
+                if os.path.exists(f"{p}.{vmm}.qcow2"):
+                    os.remove(f"{p}.{vmm}.qcow2")
     finally:
         bridge(False)
         shutil.rmtree(work, ignore_errors=True)
@@ -395,7 +407,11 @@ def main():
                          "vfr_vs_no_vfr": ratio(median["domus-vfr"][key], median["domus"][key])
                          if "domus-vfr" in median else None,
                          "qcow2_vs_raw": ratio(median["domus-qcow2"][key], median["domus"][key])
-                         if "domus-qcow2" in median else None}
+                         if "domus-qcow2" in median else None,
+                         "qcow2_used_vs_raw": ratio(median["domus-qcow2-used"][key], median["domus"][key])
+                         if "domus-qcow2-used" in median else None,
+                         "qemu_qcow2_vs_raw": ratio(median["qemu-qcow2"][key], median["qemu"][key])
+                         if "qemu-qcow2" in median else None}
                    for key in KEYS},
     }
     with open(os.path.join(HERE, f"{OUT_NAME}.json"), "w") as f:
@@ -416,7 +432,9 @@ def main():
     ]
     extra = [("jail_vs_no_jail", "jailed/Domus", "domus-jail"),
              ("vfr_vs_no_vfr", "VFR/Domus", "domus-vfr"),
-             ("qcow2_vs_raw", "qcow2/Domus", "domus-qcow2")]
+             ("qcow2_vs_raw", "qcow2/Domus", "domus-qcow2"),
+             ("qcow2_used_vs_raw", "qcow2 used/Domus", "domus-qcow2-used"),
+             ("qemu_qcow2_vs_raw", "QEMU qcow2/QEMU", "qemu-qcow2")]
     extra = [e for e in extra if e[2] in median]
     head = ["test"] + [NAMES[n] for n in names] + ["Domus/QEMU", "Domus/native"] + [e[1] for e in extra]
     lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
@@ -436,7 +454,10 @@ def main():
         "vhost-vsock. Domus runs under its seccomp filter; \"Domus jailed\" also in its jail "
         "(`domus run --jail`, as `domus daemon` runs VMMs by default); \"Domus VFR\" with "
         "the virtual firewall-router's rules on both taps (`domus vfr apply`, as the daemon "
-        "puts them); \"Domus qcow2\" with both disks as qcow2 overlays on the raw images.",
+        "puts them); \"qcow2\" with both disks as fresh qcow2 overlays on the raw images "
+        "(64 KiB clusters: a cluster's first write allocates it and copies from the base what "
+        "the write does not cover), \"qcow2 used\" with every cluster of the data overlay "
+        "written before the guest starts. The raw data disk is allocated (fallocate).",
         f"Each round runs in a fresh nested host; {retried} attempt(s) failed or stalled "
         "(see README, known issues) and were run again.",
         "",
