@@ -1,0 +1,304 @@
+"""Where bench/paper's workloads run: natively in the nested host, in a
+Domus domain, in a QEMU guest. Each runs a shell command and returns its
+output; the guests run the same Debian image (`domus image build` with the
+benchmark packages) with the same vCPUs and memory, and only one of them
+runs at a time: the others are paused (`domus pause`, SIGSTOP for QEMU).
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DOMUS = os.path.join(REPO, "target/release/domus")
+HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
+BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
+QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
+UP_TIMEOUT_S = 600
+
+
+def say(msg):
+    print(f"bench/paper: {msg}", file=sys.stderr, flush=True)
+
+
+class Restarted(Exception):
+    """A guest reset or vanished (the nested host's triple faults, README
+    "Known issues"): tools/bench-paper runs the experiment again in a
+    fresh nested host and counts it."""
+
+
+class Native:
+    """The nested host itself, on as many CPUs as a guest has vCPUs
+    (taskset); the helper, the inputs and the workloads' files in a fresh
+    ext4 file system on a loop device (the guests' are on ext4 on their
+    virtio disk), or in tmpfs where the host cannot mount one (`fs` says
+    which)."""
+
+    name = "native"
+
+    def __init__(self, work, vcpus):
+        self.dir = os.path.join(work, "native")
+        os.makedirs(self.dir, exist_ok=True)
+        self.fs = "tmpfs"
+        img = os.path.join(work, "native-ext4.img")
+        try:
+            subprocess.run(["truncate", "-s", "4G", img], check=True)
+            subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True, capture_output=True)
+            subprocess.run(["mount", "-o", "loop", img, self.dir], check=True, capture_output=True,
+                           text=True)
+            self.fs = "ext4"
+            self.mounted = True
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            say(f"native: no ext4 on a loop device here ({getattr(e, 'stderr', '') or e}); "
+                "its files are in tmpfs")
+            self.mounted = False
+        self.cpus = f"0-{vcpus - 1}"
+        self.put(HELPER, "domus-guest")
+        self.helper = os.path.join(self.dir, "domus-guest")
+
+    def put(self, local, name):
+        shutil.copy(local, os.path.join(self.dir, name))
+
+    def sh(self, cmd, timeout):
+        r = subprocess.run(["taskset", "-c", self.cpus, "bash", "-c", cmd], cwd=self.dir,
+                           capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, TMPDIR=self.dir))
+        if r.returncode != 0:
+            raise RuntimeError(f"native: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}")
+        return r.stdout
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
+
+    def close(self):
+        if self.mounted:
+            subprocess.run(["umount", self.dir], capture_output=True)
+
+
+class Guest:
+    """What the two guests share: SSH to the image's default user, with
+    the key the daemon's cloud-init seed gave it."""
+
+    def __init__(self, work, key):
+        self.work, self.key, self.ip = work, key, None
+        self.known = os.path.join(work, f"known-{self.name}")
+        self.helper = "/home/debian/domus-guest"
+
+    def ssh_args(self):
+        return ["-i", self.key, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={self.known}"]
+
+    def alive(self):
+        raise NotImplementedError
+
+    def sh(self, cmd, timeout):
+        try:
+            r = subprocess.run(["ssh", *self.ssh_args(), f"debian@{self.ip}", cmd],
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if not self.alive():
+                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`")
+            raise
+        if r.returncode != 0:
+            if not self.alive():
+                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`")
+            raise RuntimeError(f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}")
+        return r.stdout
+
+    def put(self, local, name):
+        subprocess.run(["scp", "-q", *self.ssh_args(), local, f"debian@{self.ip}:{name}"],
+                       check=True, capture_output=True, timeout=300)
+
+    def wait_up(self, deadline):
+        """Waits for the SSH banner, then for a login with the key."""
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise Restarted(f"{self.name}: the guest reset before it was up")
+            try:
+                with socket.create_connection((self.ip, 22), timeout=2) as s:
+                    s.settimeout(5)
+                    if s.recv(64).startswith(b"SSH-"):
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        while time.monotonic() < deadline:
+            r = subprocess.run(["ssh", *self.ssh_args(), f"debian@{self.ip}", "true"],
+                               capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                self.put(HELPER, "domus-guest")
+                return
+            time.sleep(2)
+        raise RuntimeError(f"{self.name}: no SSH login within {UP_TIMEOUT_S} s")
+
+
+class Domus(Guest):
+    """A domain of the daemon's, created from the image as a user would
+    (`image = NAME`: qcow2 overlay, cloud-init seed, default network, VFR,
+    jailed VMM under seccomp)."""
+
+    name = "domus"
+
+    def __init__(self, work, key, image, images, vcpus, memory_mib):
+        super().__init__(work, key)
+        self.state = os.path.join(work, "state")
+        with open(key + ".pub") as f:
+            public = f.read().strip()
+        self.cfg = os.path.join(work, "paper.cfg")
+        with open(self.cfg, "w") as f:
+            f.write(f"name = 'paper'\nimage = '{image}'\nmemory = {memory_mib}\nvcpus = {vcpus}\n"
+                    f"vif = ['']\nssh_keys = ['{public}']\n")
+        self.log = open(os.path.join(work, "daemon.log"), "w")
+        self.daemon = subprocess.Popen(
+            [DOMUS, "daemon", "--state-dir", self.state, "--image-dir", images,
+             "--network-bridge", BRIDGE, "--network", f"{GATEWAY}/24"], stderr=self.log)
+        while not os.path.exists(os.path.join(self.state, "domusd.sock")):
+            if self.daemon.poll() is not None:
+                raise RuntimeError("the daemon ended at start (see its log)")
+            time.sleep(0.1)
+        time.sleep(1)
+
+    def domus(self, *args, check=True):
+        r = subprocess.run([DOMUS, *args], env=dict(os.environ, DOMUS_STATE_DIR=self.state),
+                           capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"domus {' '.join(args)}: {r.stdout}{r.stderr}")
+        return r.stdout
+
+    def alive(self):
+        try:
+            doms = json.loads(self.domus("list", "--json"))
+        except (RuntimeError, ValueError):
+            return False
+        return any(d.get("name") == "paper" and d.get("restarts", 0) == 0
+                   and d.get("state") not in ("restarting", "shutdown", "crashed", "destroying")
+                   for d in doms)
+
+    def start(self):
+        self.ip = None
+        self.domus("destroy", "paper", check=False)
+        t0 = time.monotonic()
+        deadline = t0 + UP_TIMEOUT_S
+        self.domus("create", self.cfg)
+        while self.ip is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Domus domain got no lease")
+            if not self.alive():
+                raise Restarted("domus: the guest reset before it got a lease")
+            r = subprocess.run([DOMUS, "network-list", "--json", "paper"],
+                               env=dict(os.environ, DOMUS_STATE_DIR=self.state),
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                devs = json.loads(r.stdout)
+                self.ip = next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
+            if self.ip is None:
+                time.sleep(0.5)
+        self.wait_up(deadline)
+        say(f"domus: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+
+    def seed(self):
+        return os.path.join(self.state, "overlays", "paper.seed.img")
+
+    def pause(self):
+        self.domus("pause", "paper")
+
+    def resume(self):
+        self.domus("unpause", "paper")
+
+    def close(self):
+        self.domus("destroy", "paper", check=False)
+        self.daemon.kill()
+        self.daemon.wait()
+        subprocess.run(["pkill", "-9", "-f", f"api-socket {self.state}/"], capture_output=True)
+
+
+class Qemu(Guest):
+    """QEMU (`-accel kvm -cpu host -M q35`, virtio disk and net) booting the
+    same image: its own qcow2 overlay on the same base, a copy of the
+    Domus domain's seed, the image's kernel and initrd, a tap on the
+    daemon's bridge (its address from the daemon's dnsmasq)."""
+
+    name = "qemu"
+
+    def __init__(self, work, key, record, seed, state, vcpus, memory_mib):
+        super().__init__(work, key)
+        self.state = state
+        self.top, self.base = os.path.join(work, "qemu.qcow2"), record["disk"]
+        top = self.top
+        own_seed = os.path.join(work, "qemu-seed.img")
+        shutil.copy(seed, own_seed)
+        subprocess.run(["ip", "tuntap", "add", "dev", QEMU_TAP, "mode", "tap"], check=True)
+        subprocess.run(["ip", "link", "set", QEMU_TAP, "master", BRIDGE, "up"], check=True)
+        qemu = os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64")
+        self.console = os.path.join(work, "qemu.console")
+        self.cmd = [qemu, "-accel", "kvm", "-cpu", "host", "-M", "q35", "-m", str(memory_mib),
+                    "-no-reboot", "-smp", str(vcpus), "-nodefaults", "-no-user-config",
+                    "-display", "none", "-serial", f"file:{self.console}",
+                    "-kernel", record["kernel"], "-initrd", record["initrd"],
+                    "-append", f"root={record.get('root') or '/dev/vda'} rw console=ttyS0",
+                    "-drive", f"file={top},if=virtio,format=qcow2",
+                    "-drive", f"file={own_seed},if=virtio,format=raw,readonly=on",
+                    "-netdev", f"tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no",
+                    "-device", f"virtio-net-pci,netdev=n0,mac={QEMU_MAC}"]
+        self.p = None
+
+    def alive(self):
+        return self.p is not None and self.p.poll() is None
+
+    def lease(self):
+        try:
+            with open(os.path.join(self.state, "network", f"{BRIDGE}.leases")) as f:
+                for line in f:
+                    w = line.split()
+                    if len(w) >= 3 and w[1].lower() == QEMU_MAC:
+                        return w[2]
+        except FileNotFoundError:
+            pass
+        return None
+
+    def start(self):
+        self.ip = None
+        if self.p is not None:
+            self.p.kill()
+            self.p.wait()
+        # A fresh overlay each boot, as the domain's.
+        if os.path.exists(self.top):
+            os.remove(self.top)
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", self.base, "-F", "qcow2",
+                        self.top], check=True)
+        t0 = time.monotonic()
+        deadline = t0 + UP_TIMEOUT_S
+        self.p = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while self.ip is None:
+            if not self.alive():
+                raise Restarted(f"QEMU ended before a lease: {self.p.stderr.read().decode()[-500:]}")
+            # (a guest reset ends QEMU: -no-reboot)
+            if time.monotonic() > deadline:
+                raise RuntimeError("the QEMU guest got no lease")
+            self.ip = self.lease()
+            if self.ip is None:
+                time.sleep(0.5)
+        self.wait_up(deadline)
+        say(f"qemu: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+
+    def pause(self):
+        if self.alive():
+            self.p.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        if self.alive():
+            self.p.send_signal(signal.SIGCONT)
+
+    def close(self):
+        if self.p is not None:
+            self.p.kill()
+            self.p.wait()
+        subprocess.run(["ip", "link", "del", QEMU_TAP], capture_output=True)

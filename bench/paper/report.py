@@ -1,0 +1,180 @@
+"""bench/paper's report: results.json, results.md and the plots (PNG, with
+matplotlib) from what `run.py measure` wrote."""
+import datetime
+import json
+import os
+import statistics
+
+import workloads
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENVS = ["native", "domus", "qemu"]
+NAMES = {"native": "native", "domus": "Domus", "qemu": "QEMU"}
+# Figure 3's targets (issue 16): Domus within 5% of native on the CPU-bound
+# rows, within 10% on the others, and at least QEMU on every row.
+CPU_BOUND = {"sysbench_cpu", "xz"}
+
+
+def median(runs, key):
+    xs = [r[key] for r in runs if key in r]
+    return statistics.median(xs) if xs else None
+
+
+def score(value, native, higher):
+    """Relative to native, more is better."""
+    if value is None or native is None or value == 0 or native == 0:
+        return None
+    return value / native if higher else native / value
+
+
+def fmt(x, p=2):
+    return "n/a" if x is None else f"{x:.{p}f}"
+
+
+def fig3_table(exp):
+    runs = exp["runs"]
+    rows, lines, verdicts = {}, [], []
+    lines += ["| workload (stands for) | unit | native | Domus | QEMU | Domus/native | QEMU/native | "
+              "Domus/QEMU | target |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for key, (label, unit, higher, stands) in workloads.FIG3_ROWS.items():
+        med = {e: median(runs.get(e, []), key) for e in ENVS}
+        if med["native"] is None:
+            continue
+        d, q = score(med["domus"], med["native"], higher), score(med["qemu"], med["native"], higher)
+        within = 0.95 if key in CPU_BOUND else 0.90
+        ok = d is not None and d >= within and (q is None or d >= q * 0.995)
+        verdict = "met" if ok else (
+            f"missed: {(1 - d) * 100:.1f}% below native (target {(1 - within) * 100:.0f}%)"
+            if d is not None and d < within else "missed: below QEMU")
+        rows[key] = {"median": med, "domus_vs_native": d, "qemu_vs_native": q,
+                     "domus_vs_qemu": d / q if d and q else None, "target": verdict}
+        verdicts.append(ok)
+        lines.append(f"| {label} ({stands}) | {unit} | {fmt(med['native'])} | {fmt(med['domus'])} | "
+                     f"{fmt(med['qemu'])} | {fmt(d)} | {fmt(q)} | {fmt(rows[key]['domus_vs_qemu'])} | "
+                     f"{verdict} |")
+    return rows, lines
+
+
+def osbench_tables(exp):
+    runs = exp["runs"]
+    rows, lines = {}, []
+    titles = {3: "Table 3: processes (µs)", 4: "Table 4: context switches (µs)",
+              5: "Table 5: file and memory (µs; bandwidth in MB/s)"}
+    for table, title in titles.items():
+        lines += ["", f"### {title}", "",
+                  "| benchmark | native | Domus | QEMU | Domus/native | QEMU/native |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for key, (label, t) in workloads.OSBENCH_ROWS.items():
+            if t != table:
+                continue
+            med = {e: median(runs.get(e, []), key) for e in ENVS}
+            higher = key.endswith("_mbs")
+            d = score(med["domus"], med["native"], higher)
+            q = score(med["qemu"], med["native"], higher)
+            rows[key] = {"median": med, "domus_vs_native": d, "qemu_vs_native": q}
+            p = 0 if higher else 2
+            lines.append(f"| {label} | {fmt(med['native'], p)} | {fmt(med['domus'], p)} | "
+                         f"{fmt(med['qemu'], p)} | {fmt(d)} | {fmt(q)} |")
+    return rows, lines
+
+
+def plot_fig3(rows, path):
+    """Figure 3 as the paper drew it: one group of bars per workload, the
+    score relative to native, one bar per environment."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = list(rows)
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(keys), 3.6))
+    width = 0.26
+    for i, (env, colour) in enumerate((("native", "#4c4c4c"), ("domus", "#2b7bba"),
+                                       ("qemu", "#d9822b"))):
+        ys = [1.0 if env == "native" else (rows[k][f"{env}_vs_native"] or 0) for k in keys]
+        bars = ax.bar([x + (i - 1) * width for x in range(len(keys))], ys, width, label=NAMES[env],
+                      color=colour)
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + b.get_width() / 2, y + 0.01, f"{y:.2f}", ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([workloads.FIG3_ROWS[k][0] for k in keys], fontsize=8)
+    ax.set_ylabel("score relative to native")
+    ax.set_ylim(0, 1.2)
+    ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Figure 3: relative performance (bench/paper)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+def report(src, command):
+    with open(src) as f:
+        raw = json.load(f)
+    exps = raw.get("experiments", {})
+    m = raw.get("machine", {})
+    doc = {"benchmark": "bench/paper",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": command, "machine": m, "config": raw.get("config", {}),
+           "retried": int(os.environ.get("RETRIED", "0")),
+           "boots_retried": raw.get("boots_retried", []), "experiments": {}}
+    lines = ["# bench/paper results", "",
+             f"{doc['date']} on `{m.get('host')}` ({m.get('cpus')} CPUs, kernel {m.get('kernel')}), "
+             f"in the nested KVM host; command `{command}`. Guests: {doc['config'].get('vcpus')} "
+             f"vCPUs, {doc['config'].get('memory_mib')} MiB, image `{doc['config'].get('image')}`; "
+             "native runs in the nested host on as many CPUs (taskset). Medians of each "
+             "environment's trials; scores relative to native, more is better. Nested hosts that "
+             f"died and were replaced: {doc['retried']}; guest boots run again after a reset: "
+             f"{len(doc['boots_retried'])}.", ""]
+    if "fig3" in exps:
+        rows, table = fig3_table(exps["fig3"])
+        n = len(exps["fig3"]["runs"].get("domus", []))
+        doc["experiments"]["fig3"] = {"rows": rows, "trials": n, "runs": exps["fig3"]["runs"]}
+        lines += [f"## Figure 3: relative performance ({n} trial(s))", ""] + table
+        if plot_fig3(rows, os.path.join(HERE, "fig3.png")):
+            lines += ["", "![Figure 3](fig3.png)"]
+        lines.append("")
+    if "osbench" in exps:
+        rows, tables = osbench_tables(exps["osbench"])
+        n = len(exps["osbench"]["runs"].get("domus", []))
+        doc["experiments"]["osbench"] = {"rows": rows, "trials": n, "runs": exps["osbench"]["runs"]}
+        lines += [f"## Tables 3-5: OS microbenchmarks ({n} trial(s); `domus-guest osbench`)"] + tables
+        if doc["config"].get("native_fs") == "ext4":
+            lines += ["", "Native's files are on ext4 on a loop device in the nested host's tmpfs; "
+                      "the guests' on their ext4 root (virtio disk, qcow2 overlay in the same tmpfs)."]
+        else:
+            lines += ["", "Native's files are on the nested host's tmpfs (no loop device there); the "
+                      "guests' on their ext4 root: the file rows compare different file systems."]
+        lines.append("")
+    if "net" in exps:
+        runs = exps["net"]["runs"]
+        n = len(runs.get("domus", []))
+        rows = {}
+        lines += [f"## Table 6: TCP throughput ({n} trial(s); iperf3 to the nested host, native "
+                  "over loopback)", "",
+                  "| | native | Domus | QEMU | Domus/native | QEMU/native | Domus/QEMU |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for key, (label, _, _) in workloads.NET_ROWS.items():
+            med = {e: median(runs.get(e, []), key) for e in ENVS}
+            d, q = score(med["domus"], med["native"], True), score(med["qemu"], med["native"], True)
+            dq = score(med["domus"], med["qemu"], True)
+            rows[key] = {"median": med, "domus_vs_native": d, "qemu_vs_native": q, "domus_vs_qemu": dq}
+            lines.append(f"| {label} | {fmt(med['native'], 0)} | {fmt(med['domus'], 0)} | "
+                         f"{fmt(med['qemu'], 0)} | {fmt(d)} | {fmt(q)} | {fmt(dq)} |")
+        doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs}
+        lines.append("")
+    missing = [x for x in ("fig3", "osbench", "net") if x not in exps]
+    lines += ["## Not measured yet", "",
+              "Figure 3's PostgreSQL, dbench and web server rows, Figures 4-6 "
+              "and the scalability experiment are not written yet (issue 16)."
+              + (f" Not in this run: {', '.join(missing)}." if missing else ""), ""]
+    with open(os.path.join(HERE, "results.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""bench/paper: the Xen paper's evaluation (SOSP 2003, section 4) repeated
+on Domus, native Linux and QEMU, in one nested host (tools/kvm-host).
+
+  run.py measure OUT.json [--only A,B] [--quick]
+  run.py report OUT.json COMMAND
+
+`measure` boots one Domus domain and one QEMU guest of the same Debian
+image (tools/bench-paper builds it with the benchmark packages; the nested
+host has no network), same vCPUs and memory, and runs each experiment's
+trials natively, under Domus and under QEMU, one environment at a time
+(the others paused), the order turning each trial. It adds each finished
+experiment to OUT.json, and skips those already there, so tools/bench-paper
+can run the rest in a fresh nested host when one dies.
+
+Experiments (names for --only):
+  fig3     Figure 3's rows that exist so far: sysbench cpu, xz -9, make -jN
+           of a fixed C tree, dbench (see workloads.py for what each stands
+           for);
+  osbench  Tables 3-5: `domus-guest osbench`, lmbench-style latencies and
+           bandwidths (crates/guest/src/osbench.rs);
+  net      Table 6: TCP throughput with iperf3 between the nested host and
+           the environment (native: loopback), both ways, MTU 1500 and 500.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import envs  # noqa: E402
+import workloads  # noqa: E402
+from envs import say  # noqa: E402
+
+VCPUS, MEMORY_MIB = 2, 1024
+IMAGES = os.environ.get("BENCH_IMAGES", "")
+IMAGE = os.environ.get("BENCH_IMAGE", "paper")
+EXPERIMENTS = ["fig3", "osbench", "net"]
+
+
+def trials(quick):
+    return 1 if quick else int(os.environ.get("TRIALS", "5"))
+
+
+def rotate(xs, i):
+    i %= len(xs)
+    return xs[i:] + xs[:i]
+
+
+def run_trials(name, environments, n, one):
+    """Runs `one(env)` (a dict of values) n times in each environment, the
+    order turning each trial, only `env` running; returns
+    {env: [values, ...]}."""
+    got = {e.name: [] for e in environments}
+    for t in range(n):
+        for e in rotate(environments, t):
+            e.resume()
+            try:
+                t0 = time.monotonic()
+                vals = one(e)
+                say(f"{name}: trial {t + 1}/{n}: {e.name}: "
+                    + ", ".join(f"{k}={v:g}" for k, v in list(vals.items())[:6])
+                    + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
+                got[e.name].append(vals)
+            finally:
+                e.pause()
+    return got
+
+
+def fig3(environments, quick, work):
+    cmds = workloads.fig3_commands(VCPUS, quick)
+    tree = os.path.join(work, "tree.tar")
+    workloads.c_tree(tree, *workloads.tree_size(quick))
+    for e in environments:
+        e.resume()
+        try:
+            e.put(tree, "tree.tar")
+            for key, (prep, _) in cmds.items():
+                e.sh(prep, 600)
+        finally:
+            e.pause()
+
+    def one(e):
+        vals = {}
+        for key, (_, cmd) in cmds.items():
+            v = workloads.parse(e.sh(cmd, 1800)).get("value")
+            if v is None:
+                raise RuntimeError(f"{e.name}: {key} printed no value")
+            vals[key] = v
+        return vals
+
+    return run_trials("fig3", environments, trials(quick), one)
+
+
+def osbench(environments, quick, work):
+    def one(e):
+        vals = workloads.parse(e.sh(workloads.osbench_command(e.helper, quick), 1800))
+        missing = [k for k in workloads.OSBENCH_ROWS if k not in vals]
+        if missing:
+            raise RuntimeError(f"{e.name}: osbench printed no {', '.join(missing)}")
+        return vals
+
+    return run_trials("osbench", environments, trials(quick), one)
+
+
+def net(environments, quick, work):
+    """Table 6: iperf3 against a server in the nested host (native: over
+    loopback), both directions, MTU 1500 and 500."""
+    server = subprocess.Popen(["iperf3", "-s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    try:
+        def one(e):
+            to = "127.0.0.1" if e.name == "native" else envs.GATEWAY
+            vals = {}
+            for key, (_, mtu, reverse) in workloads.NET_ROWS.items():
+                v = workloads.parse(e.sh(workloads.net_command(to, mtu, reverse, quick), 600)).get("value")
+                if v is None:
+                    raise RuntimeError(f"{e.name}: iperf3 ({key}) printed no value")
+                vals[key] = v
+            return vals
+
+        return run_trials("net", environments, trials(quick), one)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def machine():
+    import platform
+    return {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+            "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"}
+
+
+def start(guest, done):
+    """Boots `guest`, again (at most twice more) when it resets on the way:
+    the nested host's triple faults (README, known issues), counted in
+    the results."""
+    for attempt in range(3):
+        try:
+            guest.start()
+            return attempt
+        except envs.Restarted as e:
+            say(f"{guest.name}: the guest reset while booting; booting it again: {e}")
+            done.setdefault("boots_retried", []).append({"env": guest.name, "why": str(e)[:500]})
+    raise RuntimeError(f"{guest.name}: the guest reset in three boots in a row")
+
+
+def measure(out, only, quick):
+    done = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            done = json.load(f)
+    todo = [x for x in (only or EXPERIMENTS) if x not in done.get("experiments", {})]
+    if not todo:
+        say("every experiment asked for is measured already")
+        return
+    with open(os.path.join(IMAGES, IMAGE, "image.json")) as f:
+        rec = json.load(f)
+    d = os.path.join(IMAGES, IMAGE)
+    record = {"kernel": os.path.join(d, rec["kernel"]), "initrd": os.path.join(d, rec["initrd"]),
+              "disk": os.path.join(d, rec["disk"]), "root": None}
+    work = tempfile.mkdtemp(prefix="domus-bench-paper-")
+    key = os.path.join(work, "id")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+    environments = []
+    try:
+        native = envs.Native(work, VCPUS)
+        dom = envs.Domus(work, key, IMAGE, IMAGES, VCPUS, MEMORY_MIB)
+        environments = [native, dom]
+        start(dom, done)
+        dom.pause()
+        q = envs.Qemu(work, key, record, dom.seed(), dom.state, VCPUS, MEMORY_MIB)
+        environments.append(q)
+        start(q, done)
+        q.pause()
+        for name in todo:
+            say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
+            res = {"fig3": fig3, "osbench": osbench, "net": net}[name](environments, quick, work)
+            done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
+                                                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                              time.gmtime())}
+            done["machine"] = machine()
+            done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,
+                              "native_fs": native.fs}
+            tmp = out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(done, f, indent=1)
+            os.replace(tmp, out)
+    finally:
+        for e in reversed(environments):
+            try:
+                e.resume()
+            except Exception:
+                pass
+            e.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    a = sys.argv[1:]
+    if len(a) >= 2 and a[0] == "measure":
+        only = None
+        if "--only" in a:
+            only = a[a.index("--only") + 1].split(",")
+            bad = [x for x in only if x not in EXPERIMENTS]
+            if bad:
+                sys.exit(f"bench/paper: no experiment {', '.join(bad)} (there are: {', '.join(EXPERIMENTS)})")
+        return measure(a[1], only, "--quick" in a)
+    if len(a) >= 2 and a[0] == "report":
+        import report
+        return report.report(a[1], " ".join(a[2:]) or "tools/bench-paper")
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

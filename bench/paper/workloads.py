@@ -1,0 +1,167 @@
+"""bench/paper's workloads: the open stand-ins for the Xen paper's suites,
+as shell commands that print `key=value` lines, with what each row means.
+
+Each row has a unit, and says whether more is better; the report turns
+every row into a score relative to native (more is better) either way.
+"""
+import os
+import random
+
+# Figure 3's rows (the paper's application benchmarks).
+#   key: (label, unit, higher_is_better, stands for)
+FIG3_ROWS = {
+    "sysbench_cpu": ("sysbench cpu", "events/s", True, "SPEC INT2000 (CPU-bound)"),
+    "xz": ("xz -9 of a fixed text", "s", False, "SPEC INT2000 (CPU-bound)"),
+    "build": ("make -jN of a fixed C tree", "s", False, "Linux 2.4 build"),
+    "dbench": ("dbench, 1 client", "MB/s", True, "dbench"),
+}
+
+# Tables 3-5 (lmbench-style, from `domus-guest osbench`).
+#   key: (label, table)
+OSBENCH_ROWS = {
+    "null_call_us": ("null call (getppid)", 3),
+    "null_read_us": ("null I/O: read 1 byte", 3),
+    "null_write_us": ("null I/O: write 1 byte", 3),
+    "stat_us": ("stat", 3),
+    "open_close_us": ("open/close", 3),
+    "select_100_us": ("select on 100 fds", 3),
+    "sig_install_us": ("signal install", 3),
+    "sig_handle_us": ("signal handle", 3),
+    "fork_exit_us": ("fork + exit", 3),
+    "fork_exec_us": ("fork + exec", 3),
+    "fork_sh_us": ("fork + sh -c", 3),
+    "ctx_2p_0k_us": ("2 processes, 0 KiB", 4),
+    "ctx_2p_16k_us": ("2 processes, 16 KiB", 4),
+    "ctx_2p_64k_us": ("2 processes, 64 KiB", 4),
+    "ctx_8p_16k_us": ("8 processes, 16 KiB", 4),
+    "ctx_8p_64k_us": ("8 processes, 64 KiB", 4),
+    "ctx_16p_16k_us": ("16 processes, 16 KiB", 4),
+    "ctx_16p_64k_us": ("16 processes, 64 KiB", 4),
+    "file_create_0k_us": ("0 KiB file create", 5),
+    "file_delete_0k_us": ("0 KiB file delete", 5),
+    "file_create_10k_us": ("10 KiB file create", 5),
+    "file_delete_10k_us": ("10 KiB file delete", 5),
+    "mmap_us": ("mmap 4 MiB, touch, unmap", 5),
+    "prot_fault_us": ("protection fault", 5),
+    "page_fault_us": ("page fault", 5),
+    "pipe_mbs": ("pipe bandwidth (MB/s)", 5),
+    "unix_mbs": ("AF_UNIX bandwidth (MB/s)", 5),
+}
+
+
+def c_tree(path, files, funcs):
+    """Writes a fixed C source tree (a seeded generator: the same tree
+    every run) with a Makefile, as a tar file at `path`: the build
+    workload's input, the same for every environment."""
+    import io
+    import tarfile
+    rng = random.Random(2003)
+    members = {}
+    objs = []
+    for i in range(files):
+        body = [f"/* file {i} of the bench/paper build tree */", "#include <stdint.h>",
+                "#include <string.h>", ""]
+        for j in range(funcs):
+            a, b, c = rng.randrange(3, 97), rng.randrange(1, 31), rng.randrange(2, 13)
+            body += [
+                f"uint64_t f{i}_{j}(const uint8_t *p, size_t n, uint64_t s) {{",
+                "    uint64_t h = s ^ 0x9e3779b97f4a7c15ull;",
+                "    for (size_t k = 0; k < n; k++) {",
+                f"        h = (h ^ p[k]) * {a}u + (h >> {b});",
+                f"        if ((h & {c}) == 0) h += k * {a + c}u; else h ^= h << {b % 7 + 1};",
+                "    }",
+                "    struct { uint64_t v[8]; } t;",
+                "    memset(&t, 0, sizeof t);",
+                f"    for (int r = 0; r < 8; r++) t.v[r] = h * (uint64_t)(r + {c});",
+                "    return t.v[(h >> 3) & 7] + t.v[0];",
+                "}",
+                "",
+            ]
+        members[f"tree/f{i}.c"] = "\n".join(body)
+        objs.append(f"f{i}.o")
+    members["tree/main.c"] = ("#include <stdio.h>\nint main(void) { puts(\"built\"); return 0; }\n")
+    objs.append("main.o")
+    members["tree/Makefile"] = (
+        "CFLAGS = -O2 -g -Wall\n"
+        f"OBJS = {' '.join(objs)}\n"
+        "prog: $(OBJS)\n\t$(CC) -o $@ $(OBJS)\n"
+        "%.o: %.c\n\t$(CC) $(CFLAGS) -c -o $@ $<\n"
+        "clean:\n\trm -f prog $(OBJS)\n")
+    with tarfile.open(path, "w") as tar:
+        for name, text in sorted(members.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+
+
+def fig3_commands(vcpus, quick):
+    """The Figure 3 rows' commands: key -> (prepare, run). `prepare` runs
+    once per environment before the first trial; `run` prints the row's
+    value as `value=X`."""
+    secs = 3 if quick else 10
+    # Sized for the nested host, whose CPU is emulated (tens of times
+    # slower than this machine's): each row takes seconds to a minute there.
+    lines = 100_000 if quick else 500_000
+    return {
+        "sysbench_cpu": (
+            "true",
+            f"sysbench cpu --threads={vcpus} --time={secs} run "
+            "| awk '/events per second/ {print \"value=\" $4}'"),
+        "xz": (
+            f"seq 1 {lines} > xz.in",
+            "bash -c 'TIMEFORMAT=%R; { time xz -9 -T1 -c xz.in > /dev/null; } 2>&1' "
+            "| tail -n 1 | sed 's/^/value=/'"),
+        "dbench": (
+            "true",
+            f"dbench -t {secs} -D . 1 2>&1 | awk '/^Throughput/ {{print \"value=\" $2}}'"),
+        "build": (
+            "rm -rf tree && tar xf tree.tar",
+            f"make -s -C tree clean && bash -c 'TIMEFORMAT=%R; {{ time make -s -j{vcpus} -C tree "
+            "> /dev/null; } 2>&1' | tail -n 1 | sed 's/^/value=/'"),
+    }
+
+
+# Table 6 (the paper's ttcp): TCP throughput with iperf3, both directions,
+# at two MTUs. key: (label, mtu, reverse)
+NET_ROWS = {
+    "tx_1500": ("TCP transmit, MTU 1500 (Mbit/s)", 1500, False),
+    "rx_1500": ("TCP receive, MTU 1500 (Mbit/s)", 1500, True),
+    "tx_500": ("TCP transmit, MTU 500 (Mbit/s)", 500, False),
+    "rx_500": ("TCP receive, MTU 500 (Mbit/s)", 500, True),
+}
+
+
+def net_command(server, mtu, reverse, quick):
+    """iperf3 from the environment to `server` (the nested host; native:
+    over loopback) with the environment's interface towards it at `mtu`
+    (set back to what it was after); prints `value=Mbit/s` (receiver)."""
+    secs = 3 if quick else 10
+    return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; "
+            f"dev=$(ip -o route get {server} | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'); "
+            "old=$(cat /sys/class/net/$dev/mtu); "
+            f"$s ip link set dev $dev mtu {mtu} && "
+            f"iperf3 -f m -c {server} -t {secs} {'-R' if reverse else ''} "
+            "| awk '/receiver/ {print \"value=\" $7}'; "
+            "$s ip link set dev $dev mtu $old")
+
+
+def tree_size(quick):
+    return (4, 8) if quick else (12, 16)
+
+
+def osbench_command(helper, quick):
+    return f"{helper} osbench {1 if quick else 3}"
+
+
+def parse(out):
+    vals = {}
+    for word in out.split():
+        if "=" in word:
+            k, v = word.split("=", 1)
+            try:
+                vals[k] = float(v)
+            except ValueError:
+                pass
+    return vals
+
