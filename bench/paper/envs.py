@@ -53,6 +53,8 @@ class Native:
                            text=True)
             self.fs = "ext4"
             self.mounted = True
+            # The workloads' own users (postgres, nginx's workers) reach it.
+            os.chmod(self.dir, 0o755)
         except (subprocess.CalledProcessError, FileNotFoundError) as e:
             say(f"native: no ext4 on a loop device here ({getattr(e, 'stderr', '') or e}); "
                 "its files are in tmpfs")

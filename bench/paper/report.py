@@ -31,13 +31,17 @@ def fmt(x, p=2):
     return "n/a" if x is None else f"{x:.{p}f}"
 
 
-def fig3_table(exp):
-    runs = exp["runs"]
+def fig3_table(exps):
+    """Figure 3's rows from the experiments that measure them (fig3, pg,
+    web), in the paper's order."""
+    meta = [(k, m, exps["fig3"]["runs"]) for k, m in workloads.FIG3_ROWS.items() if "fig3" in exps]
+    meta += [(k, m, exps["pg"]["runs"]) for k, m in workloads.PG_ROWS.items() if "pg" in exps]
+    meta += [(k, m, exps["web"]["runs"]) for k, m in workloads.WEB_ROWS.items() if "web" in exps]
     rows, lines, verdicts = {}, [], []
     lines += ["| workload (stands for) | unit | native | Domus | QEMU | Domus/native | QEMU/native | "
               "Domus/QEMU | target |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for key, (label, unit, higher, stands) in workloads.FIG3_ROWS.items():
+    for key, (label, unit, higher, stands), runs in meta:
         med = {e: median(runs.get(e, []), key) for e in ENVS}
         if med["native"] is None:
             continue
@@ -100,7 +104,8 @@ def plot_fig3(rows, path):
             ax.text(b.get_x() + b.get_width() / 2, y + 0.01, f"{y:.2f}", ha="center", va="bottom",
                     fontsize=7)
     ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([workloads.FIG3_ROWS[k][0] for k in keys], fontsize=8)
+    labels = {**workloads.FIG3_ROWS, **workloads.PG_ROWS, **workloads.WEB_ROWS}
+    ax.set_xticklabels([labels[k][3] for k in keys], fontsize=7, rotation=15)
     ax.set_ylabel("score relative to native")
     ax.set_ylim(0, 1.2)
     ax.axhline(1.0, color="black", linewidth=0.5)
@@ -130,10 +135,12 @@ def report(src, command):
              "environment's trials; scores relative to native, more is better. Nested hosts that "
              f"died and were replaced: {doc['retried']}; guest boots run again after a reset: "
              f"{len(doc['boots_retried'])}.", ""]
-    if "fig3" in exps:
-        rows, table = fig3_table(exps["fig3"])
-        n = len(exps["fig3"]["runs"].get("domus", []))
-        doc["experiments"]["fig3"] = {"rows": rows, "trials": n, "runs": exps["fig3"]["runs"]}
+    if any(x in exps for x in ("fig3", "pg", "web")):
+        rows, table = fig3_table(exps)
+        n = min(len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps)
+        doc["experiments"]["fig3"] = {"rows": rows, "trials": n,
+                                      "runs": {x: exps[x]["runs"] for x in ("fig3", "pg", "web")
+                                               if x in exps}}
         lines += [f"## Figure 3: relative performance ({n} trial(s))", ""] + table
         if plot_fig3(rows, os.path.join(HERE, "fig3.png")):
             lines += ["", "![Figure 3](fig3.png)"]
@@ -167,10 +174,10 @@ def report(src, command):
                          f"{fmt(med['qemu'], 0)} | {fmt(d)} | {fmt(q)} | {fmt(dq)} |")
         doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs}
         lines.append("")
-    missing = [x for x in ("fig3", "osbench", "net") if x not in exps]
+    missing = [x for x in ("fig3", "pg", "web", "osbench", "net") if x not in exps]
     lines += ["## Not measured yet", "",
-              "Figure 3's PostgreSQL, dbench and web server rows, Figures 4-6 "
-              "and the scalability experiment are not written yet (issue 16)."
+              "Figures 4-6, the scalability experiment and the web row's dynamic pages are not "
+              "written yet (issue 16)."
               + (f" Not in this run: {', '.join(missing)}." if missing else ""), ""]
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(doc, f, indent=2)

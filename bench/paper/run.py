@@ -17,6 +17,8 @@ Experiments (names for --only):
   fig3     Figure 3's rows that exist so far: sysbench cpu, xz -9, make -jN
            of a fixed C tree, dbench (see workloads.py for what each stands
            for);
+  pg       Figure 3's PostgreSQL rows: pgbench select-only and TPC-B-like;
+  web      Figure 3's web row: nginx serving static pages to wrk;
   osbench  Tables 3-5: `domus-guest osbench`, lmbench-style latencies and
            bandwidths (crates/guest/src/osbench.rs);
   net      Table 6: TCP throughput with iperf3 between the nested host and
@@ -24,6 +26,7 @@ Experiments (names for --only):
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +41,7 @@ from envs import say  # noqa: E402
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
-EXPERIMENTS = ["fig3", "osbench", "net"]
+EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net"]
 
 
 def trials(quick):
@@ -106,6 +109,65 @@ def osbench(environments, quick, work):
     return run_trials("osbench", environments, trials(quick), one)
 
 
+def pg(environments, quick, work):
+    """Figure 3's PostgreSQL rows: pgbench select-only and TPC-B-like on a
+    database initialised once per environment."""
+    for e in environments:
+        e.resume()
+        try:
+            e.sh(workloads.pg_prepare(e.name == "native", quick), 1800)
+        finally:
+            e.pause()
+
+    def one(e):
+        vals = {}
+        for key in workloads.PG_ROWS:
+            v = workloads.parse(e.sh(workloads.pg_command(key, VCPUS, quick), 900)).get("value")
+            if v is None:
+                raise RuntimeError(f"{e.name}: pgbench ({key}) printed no tps")
+            vals[key] = v
+        return vals
+
+    try:
+        return run_trials("pg", environments, trials(quick), one)
+    finally:
+        environments[0].sh(workloads.PG_STOP, 300)
+
+
+def web(environments, quick, work):
+    """Figure 3's web row: the same nginx configuration and 100 static
+    pages in each environment, wrk in the nested host (native: over
+    loopback)."""
+    script = os.path.join(work, "pages.lua")
+    with open(script, "w") as f:
+        f.write(workloads.WRK_SCRIPT)
+    for e in environments:
+        e.resume()
+        try:
+            e.sh(workloads.web_prepare(), 600)
+        finally:
+            e.pause()
+
+    def one(e):
+        ip = "127.0.0.1" if e.name == "native" else e.ip
+        r = subprocess.run(workloads.wrk_command(ip, VCPUS, quick, script), capture_output=True,
+                           text=True, timeout=600)
+        m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
+        if r.returncode != 0 or m is None:
+            raise RuntimeError(f"{e.name}: wrk failed ({r.returncode}): {r.stdout[-500:]}{r.stderr[-500:]}")
+        return {"web": float(m.group(1))}
+
+    try:
+        return run_trials("web", environments, trials(quick), one)
+    finally:
+        for e in environments:
+            e.resume()
+            try:
+                e.sh(workloads.web_stop(), 60)
+            finally:
+                e.pause()
+
+
 def net(environments, quick, work):
     """Table 6: iperf3 against a server in the nested host (native: over
     loopback), both directions, MTU 1500 and 500."""
@@ -163,6 +225,7 @@ def measure(out, only, quick):
     record = {"kernel": os.path.join(d, rec["kernel"]), "initrd": os.path.join(d, rec["initrd"]),
               "disk": os.path.join(d, rec["disk"]), "root": None}
     work = tempfile.mkdtemp(prefix="domus-bench-paper-")
+    os.chmod(work, 0o755)  # native's workloads run as postgres and nginx's user too
     key = os.path.join(work, "id")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
     environments = []
@@ -178,7 +241,8 @@ def measure(out, only, quick):
         q.pause()
         for name in todo:
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
-            res = {"fig3": fig3, "osbench": osbench, "net": net}[name](environments, quick, work)
+            res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench,
+                   "net": net}[name](environments, quick, work)
             done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
                                                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                               time.gmtime())}

@@ -16,6 +16,77 @@ FIG3_ROWS = {
     "dbench": ("dbench, 1 client", "MB/s", True, "dbench"),
 }
 
+# Figure 3's PostgreSQL rows (pgbench; the `pg` experiment) and its web row
+# (nginx under wrk from the nested host; the `web` experiment).
+PG_ROWS = {
+    "pg_ro": ("pgbench select-only", "tps", True, "OSDB-IR"),
+    "pg_tpcb": ("pgbench TPC-B-like", "tps", True, "OSDB-OLTP"),
+}
+WEB_ROWS = {
+    "web": ("nginx static 16 KiB pages, wrk", "req/s", True, "SPECweb99 (static share only)"),
+}
+WEB_PORT = 8080
+
+# How a command reaches PostgreSQL: natively the private cluster that
+# pg_prepare started in the scratch directory (the nested host has no
+# systemd), in a guest the image's own (systemd started it at boot).
+PG_ENV = ("pgbin=$(ls -d /usr/lib/postgresql/*/bin | tail -n 1); "
+          "if [ -d pg/data ]; then export PGHOST=$PWD/pg; as_pg='runuser -u postgres --'; "
+          "else as_pg='sudo -n -u postgres'; fi; ")
+
+
+def pg_prepare(native, quick):
+    scale = 1 if quick else 4
+    start = ""
+    if native:
+        start = ("pgbin=$(ls -d /usr/lib/postgresql/*/bin | tail -n 1); "
+                 "mkdir -p pg && chown postgres pg && "
+                 "runuser -u postgres -- $pgbin/initdb -D pg/data >/dev/null 2>&1 && "
+                 "runuser -u postgres -- $pgbin/pg_ctl -D pg/data -l pg/log -w "
+                 "-o \"-k $PWD/pg -c listen_addresses=''\" start >/dev/null && ")
+    return (start + PG_ENV + "($as_pg $pgbin/createdb bench 2>/dev/null || true) && "
+            f"$as_pg $pgbin/pgbench -i -q -s {scale} bench 2>&1 | tail -n 1")
+
+
+def pg_command(key, vcpus, quick):
+    secs = 5 if quick else 20
+    mode = "-S" if key == "pg_ro" else ""
+    return (PG_ENV + f"$as_pg $pgbin/pgbench {mode} -T {secs} -c {2 * vcpus} -j {vcpus} bench "
+            "2>/dev/null | awk '/^tps/ {print \"value=\" $3}'")
+
+
+PG_STOP = "pgbin=$(ls -d /usr/lib/postgresql/*/bin | tail -n 1); " \
+    "[ ! -d pg/data ] || runuser -u postgres -- $pgbin/pg_ctl -D pg/data -m fast stop"
+
+
+def web_prepare():
+    """A static site and an nginx of our own on WEB_PORT, the same
+    configuration everywhere (the image's own nginx stays as it is)."""
+    return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; mkdir -p www && "
+            "for i in $(seq 0 99); do head -c 12288 /dev/urandom | base64 -w 76 > www/p$i.html; done; "
+            "chmod -R a+rX www; chmod a+x .; d=$PWD; "
+            "printf 'worker_processes auto; pid %s/nginx.pid; error_log %s/nginx.err;\\n"
+            "events { worker_connections 1024; }\\n"
+            "http { access_log off; sendfile on; server { listen %s; root %s/www; } }\\n' "
+            f"\"$d\" \"$d\" {WEB_PORT} \"$d\" > nginx.conf && "
+            "$s /usr/sbin/nginx -c $d/nginx.conf -e $d/nginx.err")
+
+
+def web_stop():
+    return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; "
+            "[ ! -f nginx.pid ] || $s kill $(cat nginx.pid)")
+
+
+# wrk's Lua script: each request asks for one of the 100 pages.
+WRK_SCRIPT = "request = function() return wrk.format(nil, '/p' .. math.random(0, 99) .. '.html') end\n"
+
+
+def wrk_command(ip, vcpus, quick, script):
+    secs = 5 if quick else 20
+    return ["wrk", "-t", str(vcpus), "-c", str(8 * vcpus), "-d", f"{secs}s", "-s", script,
+            f"http://{ip}:{WEB_PORT}/"]
+
+
 # Tables 3-5 (lmbench-style, from `domus-guest osbench`).
 #   key: (label, table)
 OSBENCH_ROWS = {
