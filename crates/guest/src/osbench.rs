@@ -252,11 +252,13 @@ fn ring(n: usize, kib: usize, rounds: usize) -> f64 {
             .flat_map(|p| [p.0, p.1])
             .filter(|fd| *fd != r && *fd != w)
             .collect();
+        // Allocated before the fork: the child of a threaded process (the
+        // unit tests') must not call malloc.
+        let mut mem = vec![0u8; kib << 10];
         kids.push(spawn(|| {
             // Only the parent may hold the ring's other ends: when it
             // closes them, each process in turn reads the end of its pipe.
             others.iter().for_each(|fd| close(*fd));
-            let mut mem = vec![0u8; kib << 10];
             let mut t = [0u8; 1];
             while read_full(r, &mut t) == 1 {
                 touch(&mut mem);
@@ -451,15 +453,15 @@ fn files_and_memory(budget: Duration, scratch: &str) {
 
 /// MB/s of 64 KiB writes from a child to us over (`r`, `w`).
 fn stream(r: RawFd, w: RawFd, total: usize) -> f64 {
+    let buf = vec![3u8; 64 << 10];
     let kid = spawn(|| {
         close(r);
-        let buf = vec![3u8; 64 << 10];
         for _ in 0..total / buf.len() {
             write_all(w, &buf);
         }
     });
     close(w);
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = buf;
     let t = Instant::now();
     let mut got = 0;
     while got < total {
@@ -511,4 +513,33 @@ pub fn main(args: &[String]) {
     files_and_memory(budget, s);
     bandwidth();
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_of_processes_passes_its_token_and_every_process_ends() {
+        for n in [1, 2, 4] {
+            let us = ring(n, 4, 50);
+            assert!(us > 0.0 && us.is_finite(), "{n} processes: {us} µs");
+        }
+    }
+
+    #[test]
+    fn a_stream_to_a_child_carries_everything_it_wrote() {
+        let (r, w) = pipe();
+        assert!(stream(r, w, 4 << 20) > 0.0);
+    }
+
+    #[test]
+    fn per_op_times_each_call_of_the_operation() {
+        let mut calls = 0u64;
+        let us = per_op(Duration::from_millis(30), || calls += 1);
+        assert!(
+            calls > 0 && us > 0.0 && us < 1000.0,
+            "{calls} calls, {us} µs"
+        );
+    }
 }
