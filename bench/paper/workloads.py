@@ -44,7 +44,9 @@ def pg_prepare(native, quick):
                  "runuser -u postgres -- $pgbin/initdb -D pg/data >/dev/null 2>&1 && "
                  "runuser -u postgres -- $pgbin/pg_ctl -D pg/data -l pg/log -w "
                  "-o \"-k $PWD/pg -c listen_addresses=''\" start >/dev/null && ")
-    return (start + PG_ENV + "($as_pg $pgbin/createdb bench 2>/dev/null || true) && "
+    # A guest's PostgreSQL may still be starting (systemd, after SSH).
+    wait = "for i in $(seq 300); do $as_pg $pgbin/pg_isready -q && break; sleep 1; done; "
+    return (start + PG_ENV + wait + "($as_pg $pgbin/createdb bench 2>/dev/null || true) && "
             f"$as_pg $pgbin/pgbench -i -q -s {scale} bench 2>&1 | tail -n 1")
 
 
@@ -61,14 +63,19 @@ PG_STOP = "pgbin=$(ls -d /usr/lib/postgresql/*/bin | tail -n 1); " \
 
 def web_prepare():
     """A static site and an nginx of our own on WEB_PORT, the same
-    configuration everywhere (the image's own nginx stays as it is)."""
+    configuration everywhere (the image's own nginx stays as it is; the
+    temporary directories in the scratch directory: the nested host's
+    root is read-only)."""
     return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; mkdir -p www && "
             "for i in $(seq 0 99); do head -c 12288 /dev/urandom | base64 -w 76 > www/p$i.html; done; "
-            "chmod -R a+rX www; chmod a+x .; d=$PWD; "
+            "chmod -R a+rX www; chmod a+x .; mkdir -p ngt; d=$PWD; "
             "printf 'worker_processes auto; pid %s/nginx.pid; error_log %s/nginx.err;\\n"
             "events { worker_connections 1024; }\\n"
-            "http { access_log off; sendfile on; server { listen %s; root %s/www; } }\\n' "
-            f"\"$d\" \"$d\" {WEB_PORT} \"$d\" > nginx.conf && "
+            "http { access_log off; sendfile on; client_body_temp_path %s/ngt/body; "
+            "proxy_temp_path %s/ngt/proxy; fastcgi_temp_path %s/ngt/fastcgi; "
+            "uwsgi_temp_path %s/ngt/uwsgi; scgi_temp_path %s/ngt/scgi; "
+            "server { listen %s; root %s/www; } }\\n' "
+            f"\"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" {WEB_PORT} \"$d\" > nginx.conf && "
             "$s /usr/sbin/nginx -c $d/nginx.conf -e $d/nginx.err")
 
 
