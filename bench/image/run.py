@@ -275,6 +275,16 @@ def report(src, command):
         f"| DHCP lease | {med['domus']['lease_s']:.1f} | {med['qemu']['lease_s']:.1f} | {ratio['lease_s']:.2f} |",
         f"| SSH port answering | {med['domus']['ssh_s']:.1f} | {med['qemu']['ssh_s']:.1f} | {ratio['ssh_s']:.2f} |",
         "",
+        "Per round (lease / SSH, seconds):",
+        "",
+        "| round | Domus | QEMU | Domus/QEMU (SSH) |",
+        "| ---: | ---: | ---: | ---: |",
+    ] + [
+        f"| {i} | {d['lease_s']:.1f} / {d['ssh_s']:.1f} | {q['lease_s']:.1f} / {q['ssh_s']:.1f} | "
+        f"{d['ssh_s'] / q['ssh_s']:.2f} |"
+        for i, (d, q) in enumerate(zip(res["domus"], res["qemu"]), 1)
+    ] + [
+        "",
         f"Rounds run again because the guest reset before it was up (the nested host's triple "
         f"faults): {len(retried)}" + "".join(f"\n- round {r['round']} ({r['vmm']}): "
                                            f"{r['why'].splitlines()[0]}" for r in retried),
