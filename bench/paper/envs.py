@@ -246,7 +246,12 @@ class Qemu(Guest):
                     "-display", "none", "-serial", f"file:{self.console}",
                     "-kernel", record["kernel"], "-initrd", record["initrd"],
                     "-append", f"root={record.get('root') or '/dev/vda'} rw console=ttyS0",
-                    "-drive", f"file={top},if=virtio,format=qcow2",
+                    # No image locking in QEMU: the base lies on the nested
+                    # host's 9p root, where the Domus VMM's flock of it is a
+                    # POSIX lock, which QEMU's OFD lock protocol reads as
+                    # another user's refusal to share it.
+                    "-drive", f"file={top},if=virtio,format=qcow2,file.locking=off,"
+                              "backing.file.locking=off",
                     "-drive", f"file={own_seed},if=virtio,format=raw,readonly=on",
                     "-netdev", f"tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no",
                     "-device", f"virtio-net-pci,netdev=n0,mac={QEMU_MAC}"]
