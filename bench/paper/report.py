@@ -97,6 +97,8 @@ def plot_fig3(rows, path):
     width = 0.26
     for i, (env, colour) in enumerate((("native", "#4c4c4c"), ("domus", "#2b7bba"),
                                        ("qemu", "#d9822b"))):
+        if env != "native" and all(rows[k][f"{env}_vs_native"] is None for k in keys):
+            continue  # not in this run (ENVS)
         ys = [1.0 if env == "native" else (rows[k][f"{env}_vs_native"] or 0) for k in keys]
         bars = ax.bar([x + (i - 1) * width for x in range(len(keys))], ys, width, label=NAMES[env],
                       color=colour)
