@@ -194,7 +194,7 @@ class Domus(Guest):
             if time.monotonic() > deadline:
                 raise RuntimeError("the Domus domain got no lease")
             if not self.alive():
-                raise Restarted("domus: the guest reset before it got a lease")
+                raise Restarted(f"domus: the guest reset before it got a lease; {self.evidence()}")
             r = subprocess.run([DOMUS, "network-list", "--json", "paper"],
                                env=dict(os.environ, DOMUS_STATE_DIR=self.state),
                                capture_output=True, text=True)
@@ -205,6 +205,23 @@ class Domus(Guest):
                 time.sleep(0.5)
         self.wait_up(deadline)
         say(f"domus: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+
+    def evidence(self):
+        """What the domain and the daemon last said (for a failed boot)."""
+        out = []
+        for path in [os.path.join(self.state, "domains", d, "console.log")
+                     for d in sorted(os.listdir(os.path.join(self.state, "domains")))
+                     if os.path.isdir(os.path.join(self.state, "domains", d))] + [self.log.name]:
+            try:
+                with open(path, errors="replace") as f:
+                    out.append(f"{path}'s last lines:\n" + "".join(f.readlines()[-8:]))
+            except OSError:
+                pass
+        try:
+            out.append("list: " + self.domus("list", "--json", check=False)[:800])
+        except OSError:
+            pass
+        return "\n".join(out)
 
     def seed(self):
         return os.path.join(self.state, "overlays", "paper.seed.img")
