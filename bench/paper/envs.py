@@ -123,7 +123,7 @@ class Guest:
         """Waits for the SSH banner, then for a login with the key."""
         while time.monotonic() < deadline:
             if not self.alive():
-                raise Restarted(f"{self.name}: the guest reset before it was up")
+                raise Restarted(f"{self.name}: the guest reset before it was up; {self.evidence()}")
             try:
                 with socket.create_connection((self.ip, 22), timeout=2) as s:
                     s.settimeout(5)
@@ -276,6 +276,19 @@ class Qemu(Guest):
 
     def alive(self):
         return self.p is not None and self.p.poll() is None
+
+    def evidence(self):
+        """How QEMU ended and what its guest last printed."""
+        out = []
+        if self.p is not None and self.p.poll() is not None:
+            out.append(f"QEMU's exit status {self.p.returncode}: "
+                       + self.p.stderr.read().decode(errors="replace")[-500:])
+        try:
+            with open(self.console, errors="replace") as f:
+                out.append("console's last lines:\n" + "".join(f.readlines()[-10:]))
+        except OSError:
+            pass
+        return "\n".join(out)
 
     def lease(self):
         try:
