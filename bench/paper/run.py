@@ -72,8 +72,15 @@ def run_trials(name, environments, n, one):
                     + ", ".join(f"{k}={v:g}" for k, v in list(vals.items())[:6])
                     + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
                 got[e.name].append(vals)
-            finally:
-                e.pause()
+            except Exception:
+                # The trial's own error is the one to report (a guest that
+                # reset cannot be paused either).
+                try:
+                    e.pause()
+                except Exception:
+                    pass
+                raise
+            e.pause()
     return got
 
 
