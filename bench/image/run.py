@@ -126,6 +126,15 @@ def domus_round(state, cfg, keep_seed):
     return {"lease_s": lease, "ssh_s": ssh}
 
 
+def console_tail(work):
+    """The QEMU guest's last 15 console lines ("" if there are none)."""
+    try:
+        with open(f"{work}/qemu.console") as f:
+            return "".join(f.readlines()[-15:])
+    except OSError:
+        return ""
+
+
 def qemu_round(state, rec, base, seed, work):
     top = os.path.join(work, "qemu.qcow2")
     if os.path.exists(top):
@@ -152,19 +161,11 @@ def qemu_round(state, rec, base, seed, work):
         ip = None
         while ip is None:
             if p.poll() is not None:
-                try:
-                    with open(f"{work}/qemu.console") as f:
-                        tail = "".join(f.readlines()[-15:])
-                except OSError:
-                    tail = ""
-                raise Restarted(f"QEMU ended ({p.stderr.read().decode().strip()}); console's last lines:\n{tail}")
+                raise Restarted(f"QEMU ended ({p.stderr.read().decode().strip()}); console's last "
+                                f"lines:\n{console_tail(work)}")
             if time.monotonic() > deadline:
-                try:
-                    with open(f"{work}/qemu.console") as f:
-                        tail = "".join(f.readlines()[-15:])
-                except OSError:
-                    tail = ""
-                raise RuntimeError(f"the QEMU guest got no lease; its console's last lines:\n{tail}")
+                raise RuntimeError(f"the QEMU guest got no lease; its console's last lines:\n"
+                                   f"{console_tail(work)}")
             ip = lease_of(state, QEMU_MAC)
             if ip is None:
                 time.sleep(0.2)

@@ -25,6 +25,7 @@ Experiments (names for --only):
   net      Table 6: TCP throughput with iperf3 between the nested host and
            the environment (native: loopback), both ways, MTU 1500 and 500.
 """
+import contextlib
 import json
 import os
 import re
@@ -55,6 +56,17 @@ def trials(quick):
 def rotate(xs, i):
     i %= len(xs)
     return xs[i:] + xs[:i]
+
+
+@contextlib.contextmanager
+def running(e):
+    """`e` running for the block, paused again after it (set-up and
+    clean-up work outside the trials)."""
+    e.resume()
+    try:
+        yield e
+    finally:
+        e.pause()
 
 
 def run_trials(name, environments, n, one):
@@ -89,13 +101,10 @@ def fig3(environments, quick, work):
     tree = os.path.join(work, "tree.tar")
     workloads.c_tree(tree, *workloads.tree_size(quick))
     for e in environments:
-        e.resume()
-        try:
+        with running(e):
             e.put(tree, "tree.tar")
             for key, (prep, _) in cmds.items():
                 e.sh(prep, 600)
-        finally:
-            e.pause()
 
     def one(e):
         vals = {}
@@ -124,11 +133,8 @@ def pg(environments, quick, work):
     """Figure 3's PostgreSQL rows: pgbench select-only and TPC-B-like on a
     database initialised once per environment."""
     for e in environments:
-        e.resume()
-        try:
+        with running(e):
             e.sh(workloads.pg_prepare(e.name == "native", quick), 1800)
-        finally:
-            e.pause()
 
     def one(e):
         vals = {}
@@ -153,11 +159,8 @@ def web(environments, quick, work):
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
     for e in environments:
-        e.resume()
-        try:
+        with running(e):
             e.sh(workloads.web_prepare(), 600)
-        finally:
-            e.pause()
 
     def one(e):
         ip = "127.0.0.1" if e.name == "native" else e.ip
@@ -172,11 +175,8 @@ def web(environments, quick, work):
         return run_trials("web", environments, trials(quick), one)
     finally:
         for e in environments:
-            e.resume()
-            try:
+            with running(e):
                 e.sh(workloads.web_stop(), 60)
-            finally:
-                e.pause()
 
 
 def net(environments, quick, work):
