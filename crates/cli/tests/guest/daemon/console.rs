@@ -39,15 +39,7 @@ fn the_console_takes_what_is_typed_and_ctrl_bracket_leaves() {
     let cfg = domain_config(&dir, "sh", 128, "", "");
     let (ok, out, err) = domus_cli(&state, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    assert!(
-        wait_for_text(
-            &state.join("domains/1/console.log"),
-            "starting a shell",
-            1,
-            120
-        ),
-        "no shell on the console"
-    );
+    expect_console(&state, "sh", "starting a shell", 1, 180);
     let (mut master, slave) = pty();
     let mut console = Command::new(env!("CARGO_BIN_EXE_domus"))
         .args(["console", "sh"])

@@ -116,13 +116,9 @@ fn daemon_vmms_are_jailed() {
     // A guest the nested host triple-faults is restarted by the daemon in a
     // new VMM (README, "Known issues"), jailed the same: look at the one
     // running then, a few times at most, and only if the log says so.
-    let console = state.join(format!("domains/{}/console.log", a.id));
     let mut attempts = 0;
     let seen = loop {
-        assert!(
-            wait_for_text(&console, "guest-up", 1, 90),
-            "the guest never came up"
-        );
+        expect_console(&state, "ja", "guest-up", 1, 180);
         let pid = find(&state, "ja").and_then(|d| d.pid).unwrap();
         match thread_filters(pid) {
             Ok(seen) => break seen,

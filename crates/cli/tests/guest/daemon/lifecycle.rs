@@ -209,7 +209,6 @@ fn daemon_create_c_shows_the_console_and_shutdown_w_stops_the_guest() {
     let dir = scratch("power");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);
-    let console_of = |id: i64| state.join(format!("domains/{id}/console.log"));
     let describe = |dom: &str| find(&state, dom);
 
     // create -c follows the console until the domain goes away.
@@ -227,8 +226,7 @@ fn daemon_create_c_shows_the_console_and_shutdown_w_stops_the_guest() {
     let long = "echo guest-up; sleep 600";
     let cfg = spin_config(&dir, "down", "", long);
     assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
-    let id = describe("down").unwrap().id;
-    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    expect_console(&state, "down", "guest-up", 1, 180);
     let t = Instant::now();
     let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "down"]);
     assert!(ok, "{out}{err}");
@@ -244,8 +242,7 @@ fn daemon_create_c_shows_the_console_and_shutdown_w_stops_the_guest() {
     let deaf = "killall acpid; echo guest-up; sleep 600";
     let cfg = spin_config(&dir, "deaf", "", deaf);
     assert!(domus_cli(&state, &["create", cfg.to_str().unwrap()]).0);
-    let id = describe("deaf").unwrap().id;
-    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    expect_console(&state, "deaf", "guest-up", 1, 180);
     let (ok, _, err) = domus_cli(&state, &["shutdown", "-w", "--timeout", "4", "deaf"]);
     assert!(!ok && err.contains("-F destroys it"), "{err}");
     assert!(err.contains("ignores the button"), "{err}");
@@ -309,7 +306,7 @@ fn daemon_mem_max_device_lists_and_reboot_w_in_a_fresh_vmm() {
 
     // block-list and network-list show the disk (the guest read 64 KiB of
     // it) and the interface.
-    assert!(wait_for_text(&console_of(id), "guest-up", 1, 60));
+    expect_console(&state, "again", "guest-up", 1, 180);
     let (ok, out, err) = domus_cli(&state, &["block-list", "again", "--json"]);
     assert!(ok, "{err}");
     let disks: Vec<domus_api::vmm::DeviceInfo> = serde_json::from_str(&out).unwrap();
@@ -340,10 +337,8 @@ fn daemon_mem_max_device_lists_and_reboot_w_in_a_fresh_vmm() {
     assert_ne!(d.pid, pid);
     assert_eq!(d.restarts, 1);
     assert!(d.shutdown_requested.is_none(), "{d:?}");
-    assert!(
-        wait_for_text(&console_of(id), "guest-up", 1, 60),
-        "the guest boots again"
-    );
+    // The guest boots again.
+    expect_console(&state, "again", "guest-up", 1, 180);
     let (ok, long, _) = domus_cli(&state, &["list", "-l"]);
     assert!(ok && long.contains("\"maxmem_mib\": 192"), "{long}");
     if cg.exists() {

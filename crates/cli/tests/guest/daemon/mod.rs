@@ -279,6 +279,37 @@ fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) 
     false
 }
 
+/// Waits until domain `dom`'s console has shown `needle` `times` times.
+/// When it has not after `secs`, the test fails with a capture of the
+/// domain's VMM (common::stall_report), as the `domus run` tests' watchdog
+/// does: the message's line `domus-test: platform stall:` is what tools/test
+/// runs again in a fresh nested host, and anything else (a slow guest, one
+/// the VMM stopped) fails the run.
+#[track_caller]
+fn expect_console(state: &std::path::Path, dom: &str, needle: &str, times: usize, secs: u64) {
+    let d = find(state, dom).unwrap_or_else(|| panic!("domain {dom} is not listed"));
+    let console = state.join(format!("domains/{}/console.log", d.id));
+    if wait_for_text(&console, needle, times, secs) {
+        return;
+    }
+    let shown = std::fs::read_to_string(&console).unwrap_or_default();
+    let tail: Vec<&str> = shown.lines().rev().take(20).collect();
+    let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    // The VMM running now: a restart may have replaced the first one.
+    let report = match find(state, dom).and_then(|d| d.pid) {
+        Some(pid) => {
+            let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+            let _ = std::fs::create_dir_all(&dir);
+            crate::common::stall_report(pid as u32, &dir, &shown)
+        }
+        None => format!("domus-test: domain {dom} has no VMM running"),
+    };
+    panic!(
+        "domain {dom}'s console did not show {needle:?} {times} time(s) in {secs} s\n\
+         {report}\n---- its console, last lines:\n{tail}"
+    );
+}
+
 /// The VMM's resident memory (VmRSS) in MiB; 0 once it is gone.
 fn rss_mib(pid: u64) -> u64 {
     domus_daemon::rss_bytes(pid as i64).unwrap_or(0) >> 20
