@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DOMUS = os.path.join(REPO, "target/release/domus")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import benchlib  # noqa: E402
+DOMUS = benchlib.DOMUS
 RUNS = int(os.environ.get("RUNS", "3"))
 IMAGES = os.environ["BENCH_IMAGES"]
 IMAGE = os.environ.get("BENCH_IMAGE", "bench")
@@ -51,37 +52,13 @@ def say(msg):
 
 
 def domus(state, *args, check=True):
-    r = subprocess.run([DOMUS, *args], env=dict(os.environ, DOMUS_STATE_DIR=state),
-                       capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"domus {' '.join(args)}: {r.stdout}{r.stderr}")
-    return r.stdout
+    return benchlib.domus(state, *args, check=check)
 
 
 def banner(ip, deadline):
     """Waits until `ip`:22 answers with an SSH banner."""
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((ip, 22), timeout=2) as s:
-                s.settimeout(5)
-                if s.recv(64).startswith(b"SSH-"):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"no SSH banner from {ip} within {TIMEOUT_S} s")
-
-
-def lease_of(state, mac):
-    try:
-        with open(os.path.join(state, "network", f"{BRIDGE}.leases")) as f:
-            for line in f:
-                w = line.split()
-                if len(w) >= 3 and w[1].lower() == mac:
-                    return w[2]
-    except FileNotFoundError:
-        pass
-    return None
+    if not benchlib.ssh_banner(ip, deadline):
+        raise RuntimeError(f"no SSH banner from {ip} within {TIMEOUT_S} s")
 
 
 class Restarted(Exception):
@@ -105,11 +82,7 @@ def domus_round(state, cfg, keep_seed):
         if r.returncode != 0 or restarted:
             tail = ""
             for d in sorted(os.listdir(os.path.join(state, "domains"))):
-                try:
-                    with open(os.path.join(state, "domains", d, "console.log")) as f:
-                        tail = "".join(f.readlines()[-15:])
-                except OSError:
-                    pass
+                tail = benchlib.last_lines(os.path.join(state, "domains", d, "console.log"), 15) or tail
             domus(state, "destroy", "bench", check=False)
             raise Restarted(f"{r.stderr.strip()}; console's last lines:\n{tail}")
         devs = json.loads(r.stdout)
@@ -126,34 +99,12 @@ def domus_round(state, cfg, keep_seed):
     return {"lease_s": lease, "ssh_s": ssh}
 
 
-def console_tail(work):
-    """The QEMU guest's last 15 console lines ("" if there are none)."""
-    try:
-        with open(f"{work}/qemu.console") as f:
-            return "".join(f.readlines()[-15:])
-    except OSError:
-        return ""
-
-
-def qemu_round(state, rec, base, seed, work):
+def qemu_round(state, rec, seed, work):
     top = os.path.join(work, "qemu.qcow2")
-    if os.path.exists(top):
-        os.remove(top)
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", top], check=True)
-    subprocess.run(["ip", "tuntap", "add", "dev", QEMU_TAP, "mode", "tap"], check=True)
-    subprocess.run(["ip", "link", "set", QEMU_TAP, "master", BRIDGE, "up"], check=True)
-    qemu = os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64")
-    # -no-reboot: a guest reset (the nested host's triple faults) ends QEMU,
-    # and the round is run again, as for Domus.
-    cmd = [qemu, "-accel", "kvm", "-cpu", "host", "-M", "q35", "-m", str(MEMORY_MIB), "-no-reboot",
-           "-smp", str(VCPUS), "-nodefaults", "-no-user-config", "-display", "none",
-           "-serial", f"file:{work}/qemu.console",
-           "-kernel", rec["kernel"], "-initrd", rec["initrd"],
-           "-append", "root=/dev/vda rw console=ttyS0",
-           "-drive", f"file={top},if=virtio,format=qcow2",
-           "-drive", f"file={seed},if=virtio,format=raw,readonly=on",
-           "-netdev", f"tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no",
-           "-device", f"virtio-net-pci,netdev=n0,mac={QEMU_MAC}"]
+    console = os.path.join(work, "qemu.console")
+    benchlib.qemu_overlay(rec["disk"], top)
+    benchlib.add_tap(QEMU_TAP, BRIDGE)
+    cmd = benchlib.qemu_image_cmd(rec, top, seed, QEMU_TAP, QEMU_MAC, VCPUS, MEMORY_MIB, console)
     t0 = time.monotonic()
     deadline = t0 + TIMEOUT_S
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -162,11 +113,11 @@ def qemu_round(state, rec, base, seed, work):
         while ip is None:
             if p.poll() is not None:
                 raise Restarted(f"QEMU ended ({p.stderr.read().decode().strip()}); console's last "
-                                f"lines:\n{console_tail(work)}")
+                                f"lines:\n{benchlib.last_lines(console, 15)}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the QEMU guest got no lease; its console's last lines:\n"
-                                   f"{console_tail(work)}")
-            ip = lease_of(state, QEMU_MAC)
+                                   f"{benchlib.last_lines(console, 15)}")
+            ip = benchlib.lease_of(state, BRIDGE, QEMU_MAC)
             if ip is None:
                 time.sleep(0.2)
         lease = time.monotonic() - t0
@@ -175,7 +126,7 @@ def qemu_round(state, rec, base, seed, work):
     finally:
         p.kill()
         p.wait()
-        subprocess.run(["ip", "link", "del", QEMU_TAP], capture_output=True)
+        benchlib.del_tap(QEMU_TAP)
     # The next round's QEMU guest asks for a new lease, as the Domus one does.
     return {"lease_s": lease, "ssh_s": ssh}
 
@@ -191,19 +142,10 @@ def measure(out):
     with open(cfg, "w") as f:
         f.write(f"name = 'bench'\nimage = '{IMAGE}'\nmemory = {MEMORY_MIB}\nvcpus = {VCPUS}\n"
                 f"vif = ['']\nssh_keys = ['{public}']\n")
-    with open(os.path.join(IMAGES, IMAGE, "image.json")) as f:
-        rec = json.load(f)
-    d = os.path.join(IMAGES, IMAGE)
-    rec = {"kernel": os.path.join(d, rec["kernel"]), "initrd": os.path.join(d, rec["initrd"]),
-           "disk": os.path.join(d, rec["disk"])}
+    rec = benchlib.image_record(IMAGES, IMAGE)
     log = open(os.path.join(work, "daemon.log"), "w")
-    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--image-dir", IMAGES,
-                               "--network-bridge", BRIDGE, "--network", f"{GATEWAY}/24"],
-                              stderr=log)
+    daemon = benchlib.start_daemon(state, IMAGES, BRIDGE, GATEWAY, log)
     try:
-        while not os.path.exists(os.path.join(state, "domusd.sock")):
-            time.sleep(0.1)
-        time.sleep(1)
         seed = os.path.join(work, "seed.img")
         # Rounds an earlier nested host finished (tools/bench-image runs
         # what is left in a fresh one when a host dies or stalls).
@@ -220,7 +162,7 @@ def measure(out):
                         if vmm == "domus":
                             r = domus_round(state, cfg, seed)
                         else:
-                            r = qemu_round(state, rec, rec["disk"], seed, work)
+                            r = qemu_round(state, rec, seed, work)
                         break
                     except Restarted as e:
                         say(f"round {i + 1}: the {vmm} guest reset before it was up, run again: {e}")
@@ -234,9 +176,7 @@ def measure(out):
                 json.dump(res, f)
             os.replace(out + ".tmp", out)
     finally:
-        daemon.kill()
-        daemon.wait()
-        subprocess.run(["pkill", "-9", "-f", f"api-socket {state}/"], capture_output=True)
+        benchlib.stop_daemon(daemon, state)
 
 
 def report(src, command):

@@ -8,14 +8,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DOMUS = os.path.join(REPO, "target/release/domus")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import benchlib  # noqa: E402
+DOMUS = benchlib.DOMUS
 HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
 BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
 QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
@@ -124,14 +125,8 @@ class Guest:
         while time.monotonic() < deadline:
             if not self.alive():
                 raise Restarted(f"{self.name}: the guest reset before it was up; {self.evidence()}")
-            try:
-                with socket.create_connection((self.ip, 22), timeout=2) as s:
-                    s.settimeout(5)
-                    if s.recv(64).startswith(b"SSH-"):
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
+            if benchlib.ssh_banner(self.ip, min(deadline, time.monotonic() + 5)):
+                break
         while time.monotonic() < deadline:
             r = subprocess.run(["ssh", *self.ssh_args(), f"debian@{self.ip}", "true"],
                                capture_output=True, text=True, timeout=60)
@@ -159,21 +154,10 @@ class Domus(Guest):
             f.write(f"name = 'paper'\nimage = '{image}'\nmemory = {memory_mib}\nvcpus = {vcpus}\n"
                     f"vif = ['']\nssh_keys = ['{public}']\n")
         self.log = open(os.path.join(work, "daemon.log"), "w")
-        self.daemon = subprocess.Popen(
-            [DOMUS, "daemon", "--state-dir", self.state, "--image-dir", images,
-             "--network-bridge", BRIDGE, "--network", f"{GATEWAY}/24"], stderr=self.log)
-        while not os.path.exists(os.path.join(self.state, "domusd.sock")):
-            if self.daemon.poll() is not None:
-                raise RuntimeError("the daemon ended at start (see its log)")
-            time.sleep(0.1)
-        time.sleep(1)
+        self.daemon = benchlib.start_daemon(self.state, images, BRIDGE, GATEWAY, self.log)
 
     def domus(self, *args, check=True):
-        r = subprocess.run([DOMUS, *args], env=dict(os.environ, DOMUS_STATE_DIR=self.state),
-                           capture_output=True, text=True)
-        if check and r.returncode != 0:
-            raise RuntimeError(f"domus {' '.join(args)}: {r.stdout}{r.stderr}")
-        return r.stdout
+        return benchlib.domus(self.state, *args, check=check)
 
     def alive(self):
         try:
@@ -212,11 +196,7 @@ class Domus(Guest):
         for path in [os.path.join(self.state, "domains", d, "console.log")
                      for d in sorted(os.listdir(os.path.join(self.state, "domains")))
                      if os.path.isdir(os.path.join(self.state, "domains", d))] + [self.log.name]:
-            try:
-                with open(path, errors="replace") as f:
-                    out.append(f"{path}'s last lines:\n" + "".join(f.readlines()[-8:]))
-            except OSError:
-                pass
+            out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 8))
         try:
             out.append("list: " + self.domus("list", "--json", check=False)[:800])
         except OSError:
@@ -234,9 +214,7 @@ class Domus(Guest):
 
     def close(self):
         self.domus("destroy", "paper", check=False)
-        self.daemon.kill()
-        self.daemon.wait()
-        subprocess.run(["pkill", "-9", "-f", f"api-socket {self.state}/"], capture_output=True)
+        benchlib.stop_daemon(self.daemon, self.state)
 
 
 class Qemu(Guest):
@@ -251,27 +229,12 @@ class Qemu(Guest):
         super().__init__(work, key)
         self.state = state
         self.top, self.base = os.path.join(work, "qemu.qcow2"), record["disk"]
-        top = self.top
         own_seed = os.path.join(work, "qemu-seed.img")
         shutil.copy(seed, own_seed)
-        subprocess.run(["ip", "tuntap", "add", "dev", QEMU_TAP, "mode", "tap"], check=True)
-        subprocess.run(["ip", "link", "set", QEMU_TAP, "master", BRIDGE, "up"], check=True)
-        qemu = os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64")
+        benchlib.add_tap(QEMU_TAP, BRIDGE)
         self.console = os.path.join(work, "qemu.console")
-        self.cmd = [qemu, "-accel", "kvm", "-cpu", "host", "-M", "q35", "-m", str(memory_mib),
-                    "-no-reboot", "-smp", str(vcpus), "-nodefaults", "-no-user-config",
-                    "-display", "none", "-serial", f"file:{self.console}",
-                    "-kernel", record["kernel"], "-initrd", record["initrd"],
-                    "-append", f"root={record.get('root') or '/dev/vda'} rw console=ttyS0",
-                    # No image locking in QEMU: the base lies on the nested
-                    # host's 9p root, where the Domus VMM's flock of it is a
-                    # POSIX lock, which QEMU's OFD lock protocol reads as
-                    # another user's refusal to share it.
-                    "-drive", f"file={top},if=virtio,format=qcow2,file.locking=off,"
-                              "backing.file.locking=off",
-                    "-drive", f"file={own_seed},if=virtio,format=raw,readonly=on",
-                    "-netdev", f"tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no",
-                    "-device", f"virtio-net-pci,netdev=n0,mac={QEMU_MAC}"]
+        self.cmd = benchlib.qemu_image_cmd(record, self.top, own_seed, QEMU_TAP, QEMU_MAC, vcpus,
+                                           memory_mib, self.console)
         self.p = None
 
     def alive(self):
@@ -283,23 +246,8 @@ class Qemu(Guest):
         if self.p is not None and self.p.poll() is not None:
             out.append(f"QEMU's exit status {self.p.returncode}: "
                        + self.p.stderr.read().decode(errors="replace")[-500:])
-        try:
-            with open(self.console, errors="replace") as f:
-                out.append("console's last lines:\n" + "".join(f.readlines()[-10:]))
-        except OSError:
-            pass
+        out.append("console's last lines:\n" + benchlib.last_lines(self.console, 10))
         return "\n".join(out)
-
-    def lease(self):
-        try:
-            with open(os.path.join(self.state, "network", f"{BRIDGE}.leases")) as f:
-                for line in f:
-                    w = line.split()
-                    if len(w) >= 3 and w[1].lower() == QEMU_MAC:
-                        return w[2]
-        except FileNotFoundError:
-            pass
-        return None
 
     def start(self):
         self.ip = None
@@ -307,10 +255,7 @@ class Qemu(Guest):
             self.p.kill()
             self.p.wait()
         # A fresh overlay each boot, as the domain's.
-        if os.path.exists(self.top):
-            os.remove(self.top)
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", self.base, "-F", "qcow2",
-                        self.top], check=True)
+        benchlib.qemu_overlay(self.base, self.top)
         t0 = time.monotonic()
         deadline = t0 + UP_TIMEOUT_S
         self.p = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -320,7 +265,7 @@ class Qemu(Guest):
             # (a guest reset ends QEMU: -no-reboot)
             if time.monotonic() > deadline:
                 raise RuntimeError("the QEMU guest got no lease")
-            self.ip = self.lease()
+            self.ip = benchlib.lease_of(self.state, BRIDGE, QEMU_MAC)
             if self.ip is None:
                 time.sleep(0.5)
         self.wait_up(deadline)
@@ -338,4 +283,4 @@ class Qemu(Guest):
         if self.p is not None:
             self.p.kill()
             self.p.wait()
-        subprocess.run(["ip", "link", "del", QEMU_TAP], capture_output=True)
+        benchlib.del_tap(QEMU_TAP)

@@ -230,11 +230,7 @@ def measure(out, only, quick):
     if not todo:
         say("every experiment asked for is measured already")
         return
-    with open(os.path.join(IMAGES, IMAGE, "image.json")) as f:
-        rec = json.load(f)
-    d = os.path.join(IMAGES, IMAGE)
-    record = {"kernel": os.path.join(d, rec["kernel"]), "initrd": os.path.join(d, rec["initrd"]),
-              "disk": os.path.join(d, rec["disk"]), "root": None}
+    record = envs.benchlib.image_record(IMAGES, IMAGE)
     work = tempfile.mkdtemp(prefix="domus-bench-paper-")
     os.chmod(work, 0o755)  # native's workloads run as postgres and nginx's user too
     key = os.path.join(work, "id")
