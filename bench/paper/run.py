@@ -11,8 +11,8 @@ image (tools/bench-paper builds it with the benchmark packages; the nested
 host has no network), same vCPUs and memory, and runs each experiment's
 trials natively, under Domus and under QEMU, one environment at a time
 (the others paused), the order turning each trial. It adds each finished
-experiment to OUT.json, and skips those already there, so tools/bench-paper
-can run the rest in a fresh nested host when one dies.
+trial and experiment to OUT.json, and skips those already there, so
+tools/bench-paper can run the rest in a fresh nested host when one dies.
 
 Experiments (names for --only):
   fig3     Figure 3's rows that exist so far: sysbench cpu, xz -9, make -jN
@@ -69,37 +69,65 @@ def running(e):
         e.pause()
 
 
-def run_trials(name, environments, n, one):
-    """Runs `one(env)` (a dict of values) n times in each environment, the
-    order turning each trial, only `env` running; returns
-    {env: [values, ...]}."""
-    got = {e.name: [] for e in environments}
-    for t in range(n):
-        for e in rotate(environments, t):
-            e.resume()
-            try:
-                t0 = time.monotonic()
-                vals = one(e)
-                say(f"{name}: trial {t + 1}/{n}: {e.name}: "
-                    + ", ".join(f"{k}={v:g}" for k, v in list(vals.items())[:6])
-                    + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
-                got[e.name].append(vals)
-            except Exception:
-                # The trial's own error is the one to report (a guest that
-                # reset cannot be paused either).
+class Run:
+    """One `measure`: its settings, its scratch directory, and the results
+    file it adds to, trial by trial (`partial`), so a nested host that dies
+    loses only the trial it was in."""
+
+    def __init__(self, out, done, quick, work):
+        self.out, self.done, self.quick, self.work = out, done, quick, work
+
+    def save(self):
+        tmp = self.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.done, f, indent=1)
+        os.replace(tmp, self.out)
+
+    def trials(self, name, environments, one):
+        """Runs `one(env)` (a dict of values) trials(quick) times in each
+        environment, the order turning each trial, only `env` running, and
+        returns {env: [values, ...]}. Trials an earlier nested host
+        finished (at the same size) count and are not run again."""
+        n = trials(self.quick)
+        partial = self.done.setdefault("partial", {})
+        mine = partial.get(name)
+        if mine is None or mine.get("quick") != self.quick:
+            mine = partial[name] = {"quick": self.quick, "runs": {}}
+        got = mine["runs"]
+        for e in environments:
+            got.setdefault(e.name, [])
+        if any(got.values()):
+            say(f"{name}: keeping {', '.join(f'{len(v)} {k}' for k, v in got.items())} "
+                "trial(s) an earlier nested host finished")
+        for t in range(n):
+            for e in rotate(environments, t):
+                if len(got[e.name]) > t:
+                    continue
+                e.resume()
                 try:
-                    e.pause()
+                    t0 = time.monotonic()
+                    vals = one(e)
+                    say(f"{name}: trial {t + 1}/{n}: {e.name}: "
+                        + ", ".join(f"{k}={v:g}" for k, v in list(vals.items())[:6])
+                        + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
+                    got[e.name].append(vals)
+                    self.save()
                 except Exception:
-                    pass
-                raise
-            e.pause()
-    return got
+                    # The trial's own error is the one to report (a guest
+                    # that reset cannot be paused either).
+                    try:
+                        e.pause()
+                    except Exception:
+                        pass
+                    raise
+                e.pause()
+        return {k: v[:n] for k, v in got.items() if k in {e.name for e in environments}}
 
 
-def fig3(environments, quick, work):
-    cmds = workloads.fig3_commands(VCPUS, quick)
-    tree = os.path.join(work, "tree.tar")
-    workloads.c_tree(tree, *workloads.tree_size(quick))
+def fig3(environments, run):
+    cmds = workloads.fig3_commands(VCPUS, run.quick)
+    tree = os.path.join(run.work, "tree.tar")
+    workloads.c_tree(tree, *workloads.tree_size(run.quick))
     for e in environments:
         with running(e):
             e.put(tree, "tree.tar")
@@ -115,47 +143,47 @@ def fig3(environments, quick, work):
             vals[key] = v
         return vals
 
-    return run_trials("fig3", environments, trials(quick), one)
+    return run.trials("fig3", environments, one)
 
 
-def osbench(environments, quick, work):
+def osbench(environments, run):
     def one(e):
-        vals = workloads.parse(e.sh(workloads.osbench_command(e.helper, quick), 1800))
+        vals = workloads.parse(e.sh(workloads.osbench_command(e.helper, run.quick), 1800))
         missing = [k for k in workloads.OSBENCH_ROWS if k not in vals]
         if missing:
             raise RuntimeError(f"{e.name}: osbench printed no {', '.join(missing)}")
         return vals
 
-    return run_trials("osbench", environments, trials(quick), one)
+    return run.trials("osbench", environments, one)
 
 
-def pg(environments, quick, work):
+def pg(environments, run):
     """Figure 3's PostgreSQL rows: pgbench select-only and TPC-B-like on a
     database initialised once per environment."""
     for e in environments:
         with running(e):
-            e.sh(workloads.pg_prepare(e.name == "native", quick), 1800)
+            e.sh(workloads.pg_prepare(e.name == "native", run.quick), 1800)
 
     def one(e):
         vals = {}
         for key in workloads.PG_ROWS:
-            v = workloads.parse(e.sh(workloads.pg_command(key, VCPUS, quick), 900)).get("value")
+            v = workloads.parse(e.sh(workloads.pg_command(key, VCPUS, run.quick), 900)).get("value")
             if v is None:
                 raise RuntimeError(f"{e.name}: pgbench ({key}) printed no tps")
             vals[key] = v
         return vals
 
     try:
-        return run_trials("pg", environments, trials(quick), one)
+        return run.trials("pg", environments, one)
     finally:
         environments[0].sh(workloads.PG_STOP, 300)
 
 
-def web(environments, quick, work):
+def web(environments, run):
     """Figure 3's web row: the same nginx configuration and 100 static
     pages in each environment, wrk in the nested host (native: over
     loopback)."""
-    script = os.path.join(work, "pages.lua")
+    script = os.path.join(run.work, "pages.lua")
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
     for e in environments:
@@ -164,7 +192,7 @@ def web(environments, quick, work):
 
     def one(e):
         ip = "127.0.0.1" if e.name == "native" else e.ip
-        r = subprocess.run(workloads.wrk_command(ip, VCPUS, quick, script), capture_output=True,
+        r = subprocess.run(workloads.wrk_command(ip, VCPUS, run.quick, script), capture_output=True,
                            text=True, timeout=600)
         m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
         if r.returncode != 0 or m is None:
@@ -172,14 +200,14 @@ def web(environments, quick, work):
         return {"web": float(m.group(1))}
 
     try:
-        return run_trials("web", environments, trials(quick), one)
+        return run.trials("web", environments, one)
     finally:
         for e in environments:
             with running(e):
                 e.sh(workloads.web_stop(), 60)
 
 
-def net(environments, quick, work):
+def net(environments, run):
     """Table 6: iperf3 against a server in the nested host (native: over
     loopback), both directions, MTU 1500 and 500."""
     server = subprocess.Popen(["iperf3", "-s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -189,13 +217,13 @@ def net(environments, quick, work):
             to = "127.0.0.1" if e.name == "native" else envs.GATEWAY
             vals = {}
             for key, (_, mtu, reverse) in workloads.NET_ROWS.items():
-                v = workloads.parse(e.sh(workloads.net_command(to, mtu, reverse, quick), 600)).get("value")
+                v = workloads.parse(e.sh(workloads.net_command(to, mtu, reverse, run.quick), 600)).get("value")
                 if v is None:
                     raise RuntimeError(f"{e.name}: iperf3 ({key}) printed no value")
                 vals[key] = v
             return vals
 
-        return run_trials("net", environments, trials(quick), one)
+        return run.trials("net", environments, one)
     finally:
         server.kill()
         server.wait()
@@ -247,20 +275,19 @@ def measure(out, only, quick):
             environments.append(q)
             start(q, done)
             q.pause()
+        run = Run(out, done, quick, work)
+        done["machine"] = machine()
+        done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,
+                          "native_fs": native.fs}
         for name in todo:
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench,
-                   "net": net}[name](environments, quick, work)
+                   "net": net}[name](environments, run)
             done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
                                                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                               time.gmtime())}
-            done["machine"] = machine()
-            done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,
-                              "native_fs": native.fs}
-            tmp = out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(done, f, indent=1)
-            os.replace(tmp, out)
+            done.get("partial", {}).pop(name, None)
+            run.save()
     finally:
         for e in reversed(environments):
             try:
