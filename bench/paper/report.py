@@ -93,6 +93,7 @@ def plot_fig3(rows, path):
     except ImportError:
         return False
     keys = list(rows)
+    top = 1.0
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(keys), 3.6))
     width = 0.26
     for i, (env, colour) in enumerate((("native", "#4c4c4c"), ("domus", "#2b7bba"),
@@ -100,6 +101,7 @@ def plot_fig3(rows, path):
         if env != "native" and all(rows[k][f"{env}_vs_native"] is None for k in keys):
             continue  # not in this run (ENVS)
         ys = [1.0 if env == "native" else (rows[k][f"{env}_vs_native"] or 0) for k in keys]
+        top = max(top, *ys)
         bars = ax.bar([x + (i - 1) * width for x in range(len(keys))], ys, width, label=NAMES[env],
                       color=colour)
         for b, y in zip(bars, ys):
@@ -107,9 +109,11 @@ def plot_fig3(rows, path):
                     fontsize=7)
     ax.set_xticks(range(len(keys)))
     labels = {**workloads.FIG3_ROWS, **workloads.PG_ROWS, **workloads.WEB_ROWS}
-    ax.set_xticklabels([labels[k][3] for k in keys], fontsize=7, rotation=15)
+    # The workload and, below it, what it stands for (two rows stand for
+    # SPEC INT2000).
+    ax.set_xticklabels([f"{labels[k][0]}\n({labels[k][3]})" for k in keys], fontsize=7)
     ax.set_ylabel("score relative to native")
-    ax.set_ylim(0, 1.2)
+    ax.set_ylim(0, 1.15 * top)
     ax.axhline(1.0, color="black", linewidth=0.5)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Figure 3: relative performance (bench/paper)", fontsize=9)
