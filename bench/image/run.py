@@ -36,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import benchlib  # noqa: E402
 DOMUS = benchlib.DOMUS
+domus = benchlib.domus
 RUNS = int(os.environ.get("RUNS", "3"))
 IMAGES = os.environ["BENCH_IMAGES"]
 IMAGE = os.environ.get("BENCH_IMAGE", "bench")
@@ -49,10 +50,6 @@ TIMEOUT_S = 600
 
 def say(msg):
     print(f"bench/image: {msg}", file=sys.stderr, flush=True)
-
-
-def domus(state, *args, check=True):
-    return benchlib.domus(state, *args, check=check)
 
 
 def banner(ip, deadline):

@@ -60,13 +60,19 @@ def rotate(xs, i):
 
 @contextlib.contextmanager
 def running(e):
-    """`e` running for the block, paused again after it (set-up and
-    clean-up work outside the trials)."""
+    """`e` running for the block, paused again after it. When the block
+    fails, its own error is the one reported: a guest that reset cannot be
+    paused either."""
     e.resume()
     try:
         yield e
-    finally:
-        e.pause()
+    except Exception:
+        try:
+            e.pause()
+        except Exception:
+            pass
+        raise
+    e.pause()
 
 
 class Run:
@@ -103,8 +109,7 @@ class Run:
             for e in rotate(environments, t):
                 if len(got[e.name]) > t:
                     continue
-                e.resume()
-                try:
+                with running(e):
                     t0 = time.monotonic()
                     vals = one(e)
                     say(f"{name}: trial {t + 1}/{n}: {e.name}: "
@@ -112,15 +117,6 @@ class Run:
                         + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
                     got[e.name].append(vals)
                     self.save()
-                except Exception:
-                    # The trial's own error is the one to report (a guest
-                    # that reset cannot be paused either).
-                    try:
-                        e.pause()
-                    except Exception:
-                        pass
-                    raise
-                e.pause()
         return {k: v[:n] for k, v in got.items() if k in {e.name for e in environments}}
 
 
