@@ -202,30 +202,6 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Fails the test with `msg`; when the guest of domain `name` reset by a
-/// triple fault on the way (the daemon restarted it), says so first, at the
-/// start of a line, as a standalone VMM does: tools/test then runs the test
-/// again in a fresh nested host, as for any guest the platform reset
-/// (README, known issues), and counts it.
-fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
-    let log = std::fs::read_to_string(state.with_file_name("daemon.log")).unwrap_or_default();
-    let resets = log
-        .lines()
-        .filter(|l| {
-            l.contains(&format!(
-                "domain {name} VMM log: domus: a vCPU triple-faulted"
-            ))
-        })
-        .count();
-    if resets > 0 {
-        panic!(
-            "\ndomus: a vCPU triple-faulted in domain {name}'s guest {resets} time(s) \
-             (the daemon restarted it)\n{msg}"
-        );
-    }
-    panic!("{msg}");
-}
-
 /// The address the daemon's DHCP leased to domain `name` (id `id`), as
 /// `network-list` shows it; within 300 s of `started`. A domain the daemon
 /// is restarting has none yet.

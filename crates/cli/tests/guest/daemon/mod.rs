@@ -121,6 +121,43 @@ fn triple_faulted(log: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// Fails the test with `msg`; when the guest of domain `name` reset by a
+/// triple fault on the way (the daemon restarted it), says so first, at the
+/// start of a line, as a standalone VMM does: tools/test then runs the test
+/// again in a fresh nested host, as for any guest the platform reset
+/// (README, known issues), and counts it. `state` is the daemon's state
+/// directory, with its log beside it.
+fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
+    let log = state.with_file_name("daemon.log");
+    let resets = triple_faulted(&log).iter().filter(|n| *n == name).count();
+    if resets > 0 {
+        panic!(
+            "\ndomus: a vCPU triple-faulted in domain {name}'s guest {resets} time(s) \
+             (the daemon restarted it)\n{msg}"
+        );
+    }
+    panic!("{msg}");
+}
+
+/// Runs `steps`, which drive domain `name`'s guest; if they fail, fails
+/// through [`fail`], so that a guest the nested host reset on the way is
+/// told apart from a failure of Domus. Only for steps during which Domus
+/// neither stops the guest nor sets its state (a restored guest's triple
+/// fault may be Domus's own).
+fn unless_platform_reset<T>(state: &std::path::Path, name: &str, steps: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(steps)) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            fail(state, name, &msg)
+        }
+    }
+}
+
 /// Whether process `pid` is running (not gone, not a zombie).
 fn alive(pid: u64) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
