@@ -129,7 +129,17 @@ fn triple_faulted(log: &std::path::Path) -> Vec<String> {
 /// directory, with its log beside it.
 fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
     let log = state.with_file_name("daemon.log");
-    let resets = triple_faulted(&log).iter().filter(|n| *n == name).count();
+    // A client can see the VMM's socket close a moment before the daemon
+    // logs why its VMM ended (CI of 2026-11-26: "Connection reset by peer",
+    // the triple fault logged after the panic): give the log 10 s.
+    let end = Instant::now() + Duration::from_secs(10);
+    let resets = loop {
+        let n = triple_faulted(&log).iter().filter(|n| *n == name).count();
+        if n > 0 || Instant::now() >= end {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     if resets > 0 {
         panic!(
             "\ndomus: a vCPU triple-faulted in domain {name}'s guest {resets} time(s) \
