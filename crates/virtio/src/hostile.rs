@@ -296,6 +296,49 @@ fn bad_indices_and_indirect_tables() {
 }
 
 #[test]
+fn a_request_of_seg_max_segments_through_an_indirect_table_is_served() {
+    let mut d = Driver::new(DESC, true);
+    let mut b = [0u8; 4];
+    d.dev.bar_read(0, 0x2000 + 12, &mut b);
+    let seg_max = u32::from_le_bytes(b);
+    assert!(
+        seg_max >= 256,
+        "seg_max {seg_max}: a 1 MiB request of 4 KiB pages must fit"
+    );
+    // The whole 32 KiB disk in seg_max pieces, written then read back.
+    let piece = 64 * 512 / seg_max;
+    assert_eq!(piece * seg_max, 64 * 512);
+    const TABLE: u64 = 0x20000;
+    let chain = |d: &Driver, ty: u32, flags: u16| {
+        d.header(ty, 0);
+        d.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+        d.desc(TABLE, 0, HDR, 16, NEXT, 1);
+        for i in 0..seg_max as u16 {
+            let at = DATA + u64::from(i) * u64::from(piece);
+            d.desc(TABLE, i + 1, at, piece, NEXT | flags, i + 2);
+        }
+        d.desc(TABLE, seg_max as u16 + 1, STATUS, 1, WRITE, 0);
+        d.desc(DESC, 0, TABLE, (seg_max + 2) * 16, INDIRECT, 0);
+    };
+    let pattern: Vec<u8> = (0..64 * 512).map(|i| (i % 251) as u8).collect();
+    d.mem.write_slice(&pattern, GuestAddress(DATA)).unwrap();
+    chain(&d, T_OUT, 0);
+    d.kick(0, 1);
+    assert_eq!(d.used(), Some((0, 1)));
+    assert_eq!(d.status_byte(), S_OK);
+    d.mem
+        .write_slice(&vec![0u8; pattern.len()], GuestAddress(DATA))
+        .unwrap();
+    chain(&d, T_IN, WRITE);
+    d.kick(0, 1);
+    assert_eq!(d.used(), Some((0, 64 * 512 + 1)));
+    assert_eq!(d.status_byte(), S_OK);
+    let mut back = vec![0u8; pattern.len()];
+    d.mem.read_slice(&mut back, GuestAddress(DATA)).unwrap();
+    assert!(back == pattern, "the disk reads back as written");
+}
+
+#[test]
 fn avail_index_far_ahead_does_not_hang_and_reset_recovers() {
     let mut d = Driver::new(DESC, true);
     d.desc(DESC, 0, HDR, 16, NEXT, 1);

@@ -38,6 +38,16 @@ use io::{Backend, Disk};
 use request::{Desc, Request, ID_BYTES, SECTOR_SIZE};
 
 const QUEUE_SIZE: u16 = 256;
+/// Data segments one request may carry (the config's `seg_max`): a 1 MiB
+/// write of scattered 4 KiB guest pages (256 segments) arrives whole, where
+/// `QUEUE_SIZE - 2` made Linux split it in two (1016 KiB and 8 KiB) that
+/// the I/O threads run at once, on a fresh qcow2 overlay both allocating
+/// in the same cluster, one waiting for the other. Beyond the ring's size only through indirect
+/// descriptors, which Linux negotiates (a driver without them cannot make
+/// a chain longer than the ring); at most `IOV_MAX` (1024): imago hands a
+/// request's buffers to one preadv/pwritev, so on a qcow2 disk a longer
+/// chain (only a hostile guest's) fails with an I/O error.
+const SEG_MAX: u32 = 1024;
 /// I/O threads per disk.
 const IO_THREADS: usize = 4;
 
@@ -183,7 +193,7 @@ impl Block {
     fn config_bytes(&self) -> [u8; 60] {
         let mut c = [0u8; 60];
         c[0..8].copy_from_slice(&self.capacity.to_le_bytes());
-        c[12..16].copy_from_slice(&u32::from(QUEUE_SIZE - 2).to_le_bytes()); // seg_max
+        c[12..16].copy_from_slice(&SEG_MAX.to_le_bytes()); // seg_max
         c[20..24].copy_from_slice(&512u32.to_le_bytes()); // blk_size
         let max_sectors = u32::MAX / 512;
         c[36..40].copy_from_slice(&max_sectors.to_le_bytes()); // max_discard_sectors
