@@ -63,11 +63,12 @@ def domus(state, *args, check=True):
     return r.stdout
 
 
-def start_daemon(state, images, bridge, gateway, log):
-    """A daemon on `state` serving `images`, its default network on
-    `bridge` with `gateway`/24, its log to the file `log`; returns once its
-    socket answers."""
-    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, "--image-dir", images,
+def start_daemon(state, images, bridge, gateway, log, more_dirs=()):
+    """A daemon on `state` serving `images` (and `more_dirs`), its default
+    network on `bridge` with `gateway`/24, its log to the file `log`;
+    returns once its socket answers."""
+    dirs = [a for d in [images, *more_dirs] for a in ("--image-dir", d)]
+    daemon = subprocess.Popen([DOMUS, "daemon", "--state-dir", state, *dirs,
                                "--network-bridge", bridge, "--network", f"{gateway}/24"],
                               stderr=log)
     while not os.path.exists(os.path.join(state, "domusd.sock")):

@@ -154,19 +154,38 @@ class Domus(Guest):
             f.write(f"name = 'paper'\nimage = '{image}'\nmemory = {memory_mib}\nvcpus = {vcpus}\n"
                     f"vif = ['']\nssh_keys = ['{public}']\n")
         self.log = open(os.path.join(work, "daemon.log"), "w")
-        self.daemon = benchlib.start_daemon(self.state, images, BRIDGE, GATEWAY, self.log)
+        # Where snapshots go (multi.py's templates): the daemon saves only
+        # into directories it serves.
+        self.snaps = os.path.join(work, "snaps")
+        os.makedirs(self.snaps, exist_ok=True)
+        self.daemon = benchlib.start_daemon(self.state, images, BRIDGE, GATEWAY, self.log,
+                                            [self.snaps])
 
     def domus(self, *args, check=True):
         return benchlib.domus(self.state, *args, check=check)
 
     def alive(self):
+        return self.running("paper")
+
+    def running(self, name):
+        """Whether domain `name` runs (or is paused) and never reset."""
         try:
             doms = json.loads(self.domus("list", "--json"))
         except (RuntimeError, ValueError):
             return False
-        return any(d.get("name") == "paper" and d.get("restarts", 0) == 0
+        return any(d.get("name") == name and d.get("restarts", 0) == 0
                    and d.get("state") not in ("restarting", "shutdown", "crashed", "destroying")
                    for d in doms)
+
+    def lease(self, name):
+        """The address the daemon's DHCP leased to domain `name`, or None."""
+        r = subprocess.run([DOMUS, "network-list", "--json", name],
+                           env=dict(os.environ, DOMUS_STATE_DIR=self.state),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        devs = json.loads(r.stdout)
+        return next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
 
     def start(self):
         self.ip = None
@@ -179,12 +198,7 @@ class Domus(Guest):
                 raise RuntimeError("the Domus domain got no lease")
             if not self.alive():
                 raise Restarted(f"domus: the guest reset before it got a lease; {self.evidence()}")
-            r = subprocess.run([DOMUS, "network-list", "--json", "paper"],
-                               env=dict(os.environ, DOMUS_STATE_DIR=self.state),
-                               capture_output=True, text=True)
-            if r.returncode == 0:
-                devs = json.loads(r.stdout)
-                self.ip = next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
+            self.ip = self.lease("paper")
             if self.ip is None:
                 time.sleep(0.5)
         self.wait_up(deadline)

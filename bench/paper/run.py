@@ -23,7 +23,9 @@ Experiments (names for --only):
   osbench  Tables 3-5: `domus-guest osbench`, lmbench-style latencies and
            bandwidths (crates/guest/src/osbench.rs);
   net      Table 6: TCP throughput with iperf3 between the nested host and
-           the environment (native: loopback), both ways, MTU 1500 and 500.
+           the environment (native: loopback), both ways, MTU 1500 and 500;
+  fig5     Figure 5: 8 clones of the Domus domain under pgbench at once,
+           equal CPU weights, then weights 1 to 8 (multi.py; Domus only).
 """
 import contextlib
 import json
@@ -37,13 +39,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
+import multi  # noqa: E402
 import workloads  # noqa: E402
 from envs import say  # noqa: E402
 
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
-EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net"]
+EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig5"]
 # ENVS=native,domus leaves QEMU out (a nested host that dies when a QEMU
 # guest boots in it: README, known issues).
 ENVS = os.environ.get("ENVS", "native,domus,qemu").split(",")
@@ -82,6 +85,7 @@ class Run:
 
     def __init__(self, out, done, quick, work):
         self.out, self.done, self.quick, self.work = out, done, quick, work
+        self.count = trials(quick)
 
     def save(self):
         tmp = self.out + ".tmp"
@@ -278,7 +282,7 @@ def measure(out, only, quick):
         for name in todo:
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench,
-                   "net": net}[name](environments, run)
+                   "net": net, "fig5": multi.fig5}[name](environments, run)
             done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
                                                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                               time.gmtime())}
