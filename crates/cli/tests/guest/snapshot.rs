@@ -43,9 +43,12 @@ fn a_saved_domain_restores_and_goes_on_where_it_stopped() {
         .start();
     let cid = vm.cid();
     // A counter in the background, state in tmpfs (guest memory only),
-    // and a pattern on the disk.
+    // and a pattern on the disk. Each value is renamed into place: a
+    // reader between `>`'s truncation and the write read "" (CI of
+    // 2026-11-26).
     vm.sh(
-        "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &",
+        "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; \
+         sleep 0.05; done) >/dev/null 2>&1 &",
     );
     vm.sh("echo saved-pattern | dd of=/dev/vda bs=512 seek=7 conv=fsync 2>/dev/null");
     std::thread::sleep(Duration::from_millis(500));

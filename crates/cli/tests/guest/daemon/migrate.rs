@@ -133,7 +133,7 @@ fn exclusive_daemons_migrate_a_running_domain_live() {
     sh("domus-guest recv tcp 5003 > /tmp/recv.out 2>&1 < /dev/null &");
     let stop = Arc::new(AtomicBool::new(false));
     let sender = throttled_sender("10.84.0.2:5003".into(), stop.clone());
-    sh("sh -c 'i=0; while [ ! -e /tmp/stop ]; do i=$((i+1)); echo $i | dd of=/dev/vda bs=512 seek=$i conv=fsync 2>/dev/null; echo $i > /tmp/last; sleep 0.02; done' > /dev/null 2>&1 < /dev/null &");
+    sh("sh -c 'i=0; while [ ! -e /tmp/stop ]; do i=$((i+1)); echo $i | dd of=/dev/vda bs=512 seek=$i conv=fsync 2>/dev/null; echo $i > /tmp/last.new; mv /tmp/last.new /tmp/last; sleep 0.02; done' > /dev/null 2>&1 < /dev/null &");
     std::thread::sleep(Duration::from_secs(2));
     let up_before: f64 = sh("cut -d' ' -f1 /proc/uptime").parse().unwrap();
 
