@@ -75,6 +75,18 @@ impl std::ops::DerefMut for TestDaemon {
 impl Drop for TestDaemon {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            // A test failing after one of its guests triple-faulted says so
+            // first, at the start of a line, as a standalone VMM does
+            // (tools/test counts it as the nested host's and runs it again;
+            // CI of 2026-11-26: a fresh guest reset under the jailed save
+            // test). No daemon test resets a guest on purpose.
+            let reset = triple_faults_logged(&self.log, None);
+            if !reset.is_empty() {
+                eprintln!(
+                    "\ndomus: a vCPU triple-faulted in this test's domain(s) {} (the daemon restarted them)",
+                    reset.join(", ")
+                );
+            }
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             eprintln!("---- the daemon's log ({}):\n{log}", self.log.display());
             // And what each domain still there printed last.
@@ -121,6 +133,25 @@ fn triple_faulted(log: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// The triple faults the daemon's `log` names (of domain `name` only, if
+/// given), for a test that failed. A client can see a VMM's socket close a
+/// moment before the daemon logs why the VMM ended (CI of 2026-11-26:
+/// "Connection reset by peer", the triple fault logged after the panic),
+/// so the log gets 10 s to show one.
+fn triple_faults_logged(log: &std::path::Path, name: Option<&str>) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<String> = triple_faulted(log)
+            .into_iter()
+            .filter(|n| name.is_none_or(|want| n == want))
+            .collect();
+        if !found.is_empty() || Instant::now() >= end {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Fails the test with `msg`; when the guest of domain `name` reset by a
 /// triple fault on the way (the daemon restarted it), says so first, at the
 /// start of a line, as a standalone VMM does: tools/test then runs the test
@@ -129,17 +160,7 @@ fn triple_faulted(log: &std::path::Path) -> Vec<String> {
 /// directory, with its log beside it.
 fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
     let log = state.with_file_name("daemon.log");
-    // A client can see the VMM's socket close a moment before the daemon
-    // logs why its VMM ended (CI of 2026-11-26: "Connection reset by peer",
-    // the triple fault logged after the panic): give the log 10 s.
-    let end = Instant::now() + Duration::from_secs(10);
-    let resets = loop {
-        let n = triple_faulted(&log).iter().filter(|n| *n == name).count();
-        if n > 0 || Instant::now() >= end {
-            break n;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let resets = triple_faults_logged(&log, Some(name)).len();
     if resets > 0 {
         panic!(
             "\ndomus: a vCPU triple-faulted in domain {name}'s guest {resets} time(s) \
