@@ -170,25 +170,6 @@ fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
     panic!("{msg}");
 }
 
-/// Runs `steps`, which drive domain `name`'s guest; if they fail, fails
-/// through [`fail`], so that a guest the nested host reset on the way is
-/// told apart from a failure of Domus. Only for steps during which Domus
-/// neither stops the guest nor sets its state (a restored guest's triple
-/// fault may be Domus's own).
-fn unless_platform_reset<T>(state: &std::path::Path, name: &str, steps: impl FnOnce() -> T) -> T {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(steps)) {
-        Ok(v) => v,
-        Err(e) => {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            fail(state, name, &msg)
-        }
-    }
-}
-
 /// Whether process `pid` is running (not gone, not a zombie).
 fn alive(pid: u64) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
