@@ -113,7 +113,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     ping(&ip);
     // SSH with the injected key (sshd comes up after the lease).
     let known = dir.join("known_hosts");
-    ssh_up(&state, &key, &known, &ip, "web", started);
+    ssh_up(&key, &known, &ip, "web", started);
     let ssh_s = started.elapsed().as_secs_f64();
     // systemd reached multi-user with no failed unit.
     // (Asked again while sshd is not answering: cloud-init may restart it
@@ -186,7 +186,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     let ip = lease(&state, "cloud", 2, cloud_started);
     // Its own host keys, perhaps at web's old address.
     let known = dir.join("known_hosts_cloud");
-    ssh_up(&state, &key, &known, &ip, "cloud", cloud_started);
+    ssh_up(&key, &known, &ip, "cloud", cloud_started);
     let (ok, out, err) = ssh(&key, &known, &ip, "findmnt -no SOURCE /");
     assert!(
         ok && out.trim() == "/dev/vda1",
@@ -209,7 +209,7 @@ fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> Stri
     loop {
         let (ok, out, err) = domus_cli(state, &["network-list", "--json", name]);
         if !ok && !err.contains("is restarting") {
-            fail(state, name, &err);
+            panic!("{err}");
         }
         let devs: Vec<domus_api::vmm::DeviceInfo> = if ok {
             serde_json::from_str(&out).unwrap()
@@ -227,11 +227,7 @@ fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> Stri
         if started.elapsed() > Duration::from_secs(300) {
             let console = std::fs::read_to_string(state.join(format!("domains/{id}/console.log")))
                 .unwrap_or_default();
-            fail(
-                state,
-                name,
-                &format!("{name}: no DHCP lease after 300 s; console:\n{console}"),
-            );
+            panic!("{name}: no DHCP lease after 300 s; console:\n{console}");
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -250,10 +246,8 @@ fn ping(ip: &str) {
 }
 
 /// Waits (to 420 s after `started`) for an SSH login with `key` to `ip`,
-/// whose hostname cloud-init must have set to `hostname` (domain `hostname`
-/// of the daemon on `state`).
+/// whose hostname cloud-init must have set to `hostname`.
 fn ssh_up(
-    state: &std::path::Path,
     key: &std::path::Path,
     known: &std::path::Path,
     ip: &str,
@@ -270,9 +264,5 @@ fn ssh_up(
         last = err;
         std::thread::sleep(Duration::from_secs(2));
     }
-    fail(
-        state,
-        hostname,
-        &format!("no SSH login to {hostname} within 420 s: {last}"),
-    );
+    panic!("no SSH login to {hostname} within 420 s: {last}");
 }

@@ -9,7 +9,6 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -188,47 +187,42 @@ fn exclusive_daemons_migrate_a_running_domain_live() {
     // converges, and it goes on here, with nothing left there (the CI of
     // 2026-11-26 saw the nested host reset it in the cancel's pre-copy:
     // TestDaemon's drop tells tools/test).
-    refuse_and_cancel(&src, &dst, &dir, &to, &dest, &token);
-    assert!(domus_cli(&src, &["destroy", "busy"]).0);
-}
-
-/// The guest `busy` dirties memory faster than it can be sent: its
-/// migration from `src` to `dst` does not converge, then is cancelled
-/// while it copies; each time it goes on at the source.
-fn refuse_and_cancel(src: &Path, dst: &Path, dir: &Path, to: &str, dest: &Info, token: &Path) {
-    let (cfg, guest) = agent_config(dir, "busy", 128, "");
-    let (ok, out, err) = domus_cli(src, &["create", cfg.to_str().unwrap()]);
+    let (cfg, guest) = agent_config(&dir, "busy", 128, "");
+    let (ok, out, err) = domus_cli(&src, &["create", cfg.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
     agent_ready(&guest);
     let sh = |cmd: &str| guest_sh(&guest, cmd);
     sh("domus-guest dirty 32 > /dev/null 2>&1 < /dev/null &");
     let (ok, out, err) = migrate(
-        src,
+        &src,
         "busy",
-        to,
-        dest,
-        token,
+        &to,
+        &dest,
+        &token,
         &["--downtime-ms", "1", "--max-rounds", "3"],
     );
     assert!(
         !ok && err.contains("does not converge") && err.contains("goes on here"),
         "{out}{err}"
     );
-    assert_eq!(find(src, "busy").expect("still here").state, State::Running);
+    assert_eq!(
+        find(&src, "busy").expect("still here").state,
+        State::Running
+    );
     sh("true");
     let end = Instant::now() + Duration::from_secs(20);
-    while find(dst, "busy").is_some() {
+    while find(&dst, "busy").is_some() {
         assert!(
             Instant::now() < end,
             "the destination kept it: {:?}",
-            list(dst)
+            list(&dst)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
 
     // Cancelled while it copies: the same.
-    let cli = src.to_path_buf();
-    let (to2, dest2, token2) = (to.to_string(), dest.clone(), token.to_path_buf());
+    let cli = src.clone();
+    let (to2, dest2, token2) = (to.clone(), dest.clone(), token.clone());
     let going = std::thread::spawn(move || {
         migrate(
             &cli,
@@ -240,10 +234,14 @@ fn refuse_and_cancel(src: &Path, dst: &Path, dir: &Path, to: &str, dest: &Info, 
         )
     });
     std::thread::sleep(Duration::from_secs(3));
-    let (ok, out, err) = domus_cli(src, &["migrate", "--cancel", "busy"]);
+    let (ok, out, err) = domus_cli(&src, &["migrate", "--cancel", "busy"]);
     assert!(ok, "{out}{err}");
     let (ok, out, err) = going.join().unwrap();
     assert!(!ok && err.contains("cancelled"), "{out}{err}");
-    assert_eq!(find(src, "busy").expect("still here").state, State::Running);
+    assert_eq!(
+        find(&src, "busy").expect("still here").state,
+        State::Running
+    );
     sh("true");
+    assert!(domus_cli(&src, &["destroy", "busy"]).0);
 }

@@ -80,7 +80,7 @@ impl Drop for TestDaemon {
             // (tools/test counts it as the nested host's and runs it again;
             // CI of 2026-11-26: a fresh guest reset under the jailed save
             // test). No daemon test resets a guest on purpose.
-            let reset = triple_faults_logged(&self.log, None);
+            let reset = triple_faults_logged(&self.log);
             if !reset.is_empty() {
                 eprintln!(
                     "\ndomus: a vCPU triple-faulted in this test's domain(s) {} (the daemon restarted them)",
@@ -133,41 +133,20 @@ fn triple_faulted(log: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// The triple faults the daemon's `log` names (of domain `name` only, if
-/// given), for a test that failed. A client can see a VMM's socket close a
+/// The domains whose triple faults the daemon's `log` names, for a test
+/// that failed. A client can see a VMM's socket close a
 /// moment before the daemon logs why the VMM ended (CI of 2026-11-26:
 /// "Connection reset by peer", the triple fault logged after the panic),
 /// so the log gets 10 s to show one.
-fn triple_faults_logged(log: &std::path::Path, name: Option<&str>) -> Vec<String> {
+fn triple_faults_logged(log: &std::path::Path) -> Vec<String> {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        let found: Vec<String> = triple_faulted(log)
-            .into_iter()
-            .filter(|n| name.is_none_or(|want| n == want))
-            .collect();
+        let found = triple_faulted(log);
         if !found.is_empty() || Instant::now() >= end {
             return found;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// Fails the test with `msg`; when the guest of domain `name` reset by a
-/// triple fault on the way (the daemon restarted it), says so first, at the
-/// start of a line, as a standalone VMM does: tools/test then runs the test
-/// again in a fresh nested host, as for any guest the platform reset
-/// (README, known issues), and counts it. `state` is the daemon's state
-/// directory, with its log beside it.
-fn fail(state: &std::path::Path, name: &str, msg: &str) -> ! {
-    let log = state.with_file_name("daemon.log");
-    let resets = triple_faults_logged(&log, Some(name)).len();
-    if resets > 0 {
-        panic!(
-            "\ndomus: a vCPU triple-faulted in domain {name}'s guest {resets} time(s) \
-             (the daemon restarted it)\n{msg}"
-        );
-    }
-    panic!("{msg}");
 }
 
 /// Whether process `pid` is running (not gone, not a zombie).
