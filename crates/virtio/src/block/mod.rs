@@ -42,11 +42,12 @@ const QUEUE_SIZE: u16 = 256;
 /// write of scattered 4 KiB guest pages (256 segments) arrives whole, where
 /// `QUEUE_SIZE - 2` made Linux split it in two (1016 KiB and 8 KiB) that
 /// the I/O threads run at once, on a fresh qcow2 overlay both allocating
-/// in the same cluster, one waiting for the other. Beyond the ring's size only through indirect
-/// descriptors, which Linux negotiates (a driver without them cannot make
-/// a chain longer than the ring); at most `IOV_MAX` (1024): imago hands a
-/// request's buffers to one preadv/pwritev, so on a qcow2 disk a longer
-/// chain (only a hostile guest's) fails with an I/O error.
+/// in the same cluster, one waiting for the other. Beyond the ring's size
+/// only through indirect descriptors, which Linux negotiates (a driver
+/// without them cannot make a chain longer than the ring); at most
+/// `IOV_MAX` (1024): imago hands a request's buffers to one
+/// preadv/pwritev, so on a qcow2 disk a longer chain (only a hostile
+/// guest's) fails with an I/O error.
 const SEG_MAX: u32 = 1024;
 /// I/O threads per disk.
 const IO_THREADS: usize = 4;
