@@ -187,20 +187,26 @@ class Domus(Guest):
         devs = json.loads(r.stdout)
         return next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
 
+    def wait_lease(self, name, deadline):
+        """Domain `name`'s address once the daemon's DHCP leased it, before
+        `deadline` (time.monotonic())."""
+        while True:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"domain {name} got no lease")
+            if not self.running(name):
+                raise Restarted(f"{name}: the guest reset before it got a lease; {self.evidence()}")
+            ip = self.lease(name)
+            if ip is not None:
+                return ip
+            time.sleep(0.5)
+
     def start(self):
         self.ip = None
         self.domus("destroy", "paper", check=False)
         t0 = time.monotonic()
         deadline = t0 + UP_TIMEOUT_S
         self.domus("create", self.cfg)
-        while self.ip is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the Domus domain got no lease")
-            if not self.alive():
-                raise Restarted(f"domus: the guest reset before it got a lease; {self.evidence()}")
-            self.ip = self.lease("paper")
-            if self.ip is None:
-                time.sleep(0.5)
+        self.ip = self.wait_lease("paper", deadline)
         self.wait_up(deadline)
         say(f"domus: up at {self.ip} after {time.monotonic() - t0:.0f} s")
 

@@ -33,16 +33,13 @@ class Clone(envs.Guest):
     def alive(self):
         return self.dom.running(self.name)
 
+    def evidence(self):
+        """What the daemon and its domains last said (Guest.wait_up's)."""
+        return self.dom.evidence()
+
     def up(self, deadline):
         """Waits for its lease, then for an SSH login."""
-        while self.ip is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: no lease within {LEASE_TIMEOUT_S} s")
-            if not self.alive():
-                raise envs.Restarted(f"{self.name}: the clone reset before it got a lease")
-            self.ip = self.dom.lease(self.name)
-            if self.ip is None:
-                time.sleep(1)
+        self.ip = self.dom.wait_lease(self.name, deadline)
         self.wait_up(deadline)
 
 

@@ -98,7 +98,7 @@ class Run:
         environment, the order turning each trial, only `env` running, and
         returns {env: [values, ...]}. Trials an earlier nested host
         finished (at the same size) count and are not run again."""
-        n = trials(self.quick)
+        n = self.count
         partial = self.done.setdefault("partial", {})
         mine = partial.get(name)
         if mine is None or mine.get("quick") != self.quick:
