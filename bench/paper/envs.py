@@ -147,12 +147,8 @@ class Domus(Guest):
     def __init__(self, work, key, image, images, vcpus, memory_mib):
         super().__init__(work, key)
         self.state = os.path.join(work, "state")
-        with open(key + ".pub") as f:
-            public = f.read().strip()
-        self.cfg = os.path.join(work, "paper.cfg")
-        with open(self.cfg, "w") as f:
-            f.write(f"name = 'paper'\nimage = '{image}'\nmemory = {memory_mib}\nvcpus = {vcpus}\n"
-                    f"vif = ['']\nssh_keys = ['{public}']\n")
+        self.image = image
+        self.cfg = self.config("paper", memory_mib, vcpus)
         self.log = open(os.path.join(work, "daemon.log"), "w")
         # Where snapshots go (multi.py's templates): the daemon saves only
         # into directories it serves.
@@ -160,6 +156,17 @@ class Domus(Guest):
         os.makedirs(self.snaps, exist_ok=True)
         self.daemon = benchlib.start_daemon(self.state, images, BRIDGE, GATEWAY, self.log,
                                             [self.snaps])
+
+    def config(self, name, memory_mib, vcpus):
+        """Writes the configuration of a domain `name` of the image (maxmem
+        = memory: admission counts maxmem) and returns its path."""
+        with open(self.key + ".pub") as f:
+            public = f.read().strip()
+        cfg = os.path.join(self.work, f"{name}.cfg")
+        with open(cfg, "w") as f:
+            f.write(f"name = '{name}'\nimage = '{self.image}'\nmemory = {memory_mib}\n"
+                    f"maxmem = {memory_mib}\nvcpus = {vcpus}\nvif = ['']\nssh_keys = ['{public}']\n")
+        return cfg
 
     def domus(self, *args, check=True):
         return benchlib.domus(self.state, *args, check=check)

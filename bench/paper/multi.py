@@ -1,15 +1,22 @@
 """bench/paper's experiments of many domains at once (the paper's Figures
-4-6 and section 4.5): clones of the booted `paper` domain.
+4-6 and section 4.5): clones of one small template domain.
 
 A Debian guest takes minutes to boot in the nested host, so N domains are
-not N cold boots: the `paper` domain is prepared once for the workload,
-saved paused (`domus save -p`), and `domus clone` starts N domains from
-that snapshot at once, each with its own name, disk copy and a new
-interface with a new MAC on the daemon's network. systemd-networkd, set
-up in the template before the save, brings the new interface up by DHCP,
-so each clone gets its own lease.
+not N cold boots: a domain `multi` of the image (TEMPLATE_MIB, one vCPU:
+the paper's many-domain runs gave each domain one CPU, and admission
+counts each clone's maxmem, so a small one lets the nested host hold many)
+boots once per nested host, is prepared for every workload here
+(PostgreSQL's database, an nginx of our own), and is saved paused
+(`domus save -p`). Each experiment then starts its domains with `domus
+clone`, each with its own name, disk copy and a new interface with a new
+MAC on the daemon's network. systemd-networkd, set up in the template
+before the save, brings the new interface up by DHCP, so each clone gets
+its own lease. Clones an experiment does not need at a moment are paused.
 """
+import json
 import os
+import re
+import statistics
 import subprocess
 import threading
 import time
@@ -18,12 +25,16 @@ import envs
 import workloads
 from envs import say
 
-LEASE_TIMEOUT_S = 300
+TEMPLATE = "multi"
+TEMPLATE_MIB, TEMPLATE_VCPUS = 320, 1
+# What admission reserves per clone: its maxmem and its VMM's allowance
+# (crates/daemon/src/cgroup.rs).
+FOOTPRINT_MIB = TEMPLATE_MIB + 64
 
 
-class Clone(envs.Guest):
-    """One clone of the template, reached by SSH at the address the
-    daemon's DHCP leased to its new interface."""
+class Domain(envs.Guest):
+    """A domain of the daemon's other than `paper` (the template, a
+    clone), reached by SSH at the address the daemon's DHCP leased it."""
 
     def __init__(self, work, key, dom, name):
         self.name = name
@@ -42,56 +53,87 @@ class Clone(envs.Guest):
         self.ip = self.dom.wait_lease(self.name, deadline)
         self.wait_up(deadline)
 
+    def pause(self):
+        self.dom.domus("pause", self.name)
 
-def template(dom, prepare):
-    """Runs `prepare` in the `paper` domain, lets its network follow a new
-    interface, and saves it paused; returns the snapshot's path. The domain
-    stays, paused."""
-    dom.resume()
-    try:
-        template_prepare(dom, prepare)
-    except Exception:
+    def resume(self):
+        self.dom.domus("unpause", self.name)
+
+
+def template(dom, run):
+    """The snapshot this nested host's experiments clone: made on first
+    use, kept in `run` (the template domain stays, paused: the clones
+    copy its disk, and its snapshot names it)."""
+    if run.snap:
+        return run.snap
+    cfg = dom.config(TEMPLATE, TEMPLATE_MIB, TEMPLATE_VCPUS)
+    t = Domain(run.work, dom.key, dom, TEMPLATE)
+    for attempt in range(3):
+        dom.domus("destroy", TEMPLATE, check=False)
+        t0 = time.monotonic()
+        dom.domus("create", cfg)
         try:
-            dom.pause()
-        except Exception:
-            pass
-        raise
-    snap = os.path.join(dom.snaps, f"paper-{int(time.time())}.snap")
+            t.up(t0 + envs.UP_TIMEOUT_S)
+            break
+        except envs.Restarted as e:
+            say(f"{TEMPLATE}: the guest reset while booting; booting it again: {e}")
+            run.done.setdefault("boots_retried", []).append({"env": TEMPLATE, "why": str(e)[:500]})
+    else:
+        raise RuntimeError(f"{TEMPLATE}: the guest reset in three boots in a row")
+    say(f"{TEMPLATE}: up at {t.ip} after {time.monotonic() - t0:.0f} s; preparing the template")
+    template_prepare(t, run.quick)
+    snap = os.path.join(dom.snaps, f"{TEMPLATE}-{int(time.time())}.snap")
     t0 = time.monotonic()
-    dom.domus("save", "-p", "paper", snap)
+    dom.domus("save", "-p", TEMPLATE, snap)
     say(f"template saved in {time.monotonic() - t0:.0f} s ({snap})")
+    run.snap = snap
     return snap
 
 
-def template_prepare(dom, prepare):
-    dom.sh(prepare, 1800)
+def template_prepare(t, quick):
+    # The database, as Figure 3's pg experiment makes it, and a stopped
+    # nginx: each experiment starts what it serves.
+    t.sh(workloads.pg_prepare(False, quick), 1800)
+    t.sh(workloads.web_prepare() + " && " + workloads.web_stop(), 600)
     # cloud-init's ifupdown brings up the interface it saw at first boot,
     # by name. A clone's interface is a new one, plugged later, with a new
     # MAC and maybe a new name: systemd-networkd (in Debian's systemd) takes
     # every interface but the template's own (which ifupdown keeps), by
     # DHCP with the MAC as client ID (dnsmasq then gives each clone its own
     # address; the machine ID they share would not).
-    dev = dom.sh(f"ip -o -4 addr show | awk '$4 ~ /^{dom.ip}\\// {{print $2}}'", 60).strip()
+    dev = t.sh(f"ip -o -4 addr show | awk '$4 ~ /^{t.ip}\\// {{print $2}}'", 60).strip()
     if not dev:
-        raise RuntimeError(f"domus: no interface holds {dom.ip}")
-    mac = dom.sh(f"cat /sys/class/net/{dev}/address", 60).strip()
-    unit = os.path.join(dom.work, "80-clone.network")
+        raise RuntimeError(f"{TEMPLATE}: no interface holds {t.ip}")
+    mac = t.sh(f"cat /sys/class/net/{dev}/address", 60).strip()
+    unit = os.path.join(t.work, "80-clone.network")
     with open(unit, "w") as f:
         f.write(f"[Match]\nName=en* eth*\nMACAddress=!{mac}\n\n[Network]\nDHCP=ipv4\n\n"
                 "[DHCPv4]\nClientIdentifier=mac\n")
-    dom.put(unit, "80-clone.network")
-    dom.sh("sudo install -m 644 80-clone.network /etc/systemd/network/ && "
-           "sudo systemctl enable --now systemd-networkd >/dev/null 2>&1 && sync", 120)
+    t.put(unit, "80-clone.network")
+    t.sh("sudo install -m 644 80-clone.network /etc/systemd/network/ && "
+         "sudo systemctl enable --now systemd-networkd >/dev/null 2>&1 && sync", 120)
 
 
-def start_clones(dom, work, key, snap, n, prefix):
-    """`domus clone SNAP N PREFIX`, then each clone's lease and login."""
+def most_clones(dom):
+    """How many more clones of the template admission takes now."""
+    info = json.loads(dom.domus("info", "--json"))
+    return info["free_memory_mib"] // FOOTPRINT_MIB
+
+
+def start_clones(dom, run, n, prefix, pause=False):
+    """`domus clone SNAP N PREFIX`, then each clone's lease and login; with
+    `pause`, each clone is paused once it is up (experiments that run a
+    few of many at a time)."""
+    snap = template(dom, run)
     t0 = time.monotonic()
     dom.domus("clone", snap, str(n), prefix)
-    clones = [Clone(work, key, dom, f"{prefix}-{i}") for i in range(1, n + 1)]
-    deadline = time.monotonic() + LEASE_TIMEOUT_S
+    clones = [Domain(run.work, dom.key, dom, f"{prefix}-{i}") for i in range(1, n + 1)]
+    # The nested host's emulated CPUs bring N guests' networks up in turn.
+    deadline = time.monotonic() + 120 + 20 * n
     for c in clones:
         c.up(deadline)
+        if pause:
+            c.pause()
     say(f"{n} clones up in {time.monotonic() - t0:.0f} s: "
         + ", ".join(f"{c.name} {c.ip}" for c in clones))
     return clones
@@ -103,24 +145,85 @@ def destroy(dom, prefix, n):
         dom.domus("destroy", f"{prefix}-{i}", check=False)
 
 
-def at_once(clones, cmd, timeout):
-    """Runs `cmd` in every clone at the same time; their outputs, in order."""
-    outs, errs = [None] * len(clones), []
+def at_once(fns):
+    """Runs the functions at the same time; their results, in order. The
+    first failure is raised once all have ended."""
+    outs, errs = [None] * len(fns), []
 
-    def one(i, c):
+    def one(i, fn):
         try:
-            outs[i] = c.sh(cmd, timeout)
-        except Exception as e:  # reported below, with the clone's name
-            errs.append(f"{c.name}: {e}")
+            outs[i] = fn()
+        except Exception as e:  # raised below, after the others ended
+            errs.append(e)
 
-    threads = [threading.Thread(target=one, args=(i, c)) for i, c in enumerate(clones)]
+    threads = [threading.Thread(target=one, args=(i, fn)) for i, fn in enumerate(fns)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errs:
-        raise RuntimeError("; ".join(errs))
+        raise errs[0]
     return outs
+
+
+def sh_all(clones, cmd, timeout):
+    """`cmd` in every clone at the same time; their outputs, in order."""
+    return at_once([lambda c=c: c.sh(cmd, timeout) for c in clones])
+
+
+def value(out, what):
+    v = workloads.parse(out).get("value")
+    if v is None:
+        raise RuntimeError(f"{what} printed no value: {out[-300:]!r}")
+    return v
+
+
+# Per-second progress lines: (seconds since the start, rate).
+PROGRESS = {
+    "sysbench": re.compile(r"^\[\s*(\d+)s\s*\].*?eps:\s*([0-9.]+)", re.M),
+    "pgbench": re.compile(r"^progress:\s*([0-9.]+)\s*s,\s*([0-9.]+)\s*tps", re.M),
+}
+
+
+def concurrent_rates(clones, script, secs, kind):
+    """Runs `script` (bash; it runs for `secs` seconds and prints `kind`'s
+    per-second progress lines) in every clone in the background, and
+    returns each clone's mean rate over the seconds when all of them ran.
+
+    The clones start one SSH login after another, seconds apart in the
+    nested host, so each one's whole-run rate would count seconds when
+    others had not started yet or had ended. Each start is timed on the
+    host's clock, so each clone's progress lines are placed on it and only
+    the seconds inside every clone's run are kept."""
+    start = ("cat > bg.sh <<'BENCH_EOF'\n" + script + "\nBENCH_EOF\n"
+             "rm -f bg.out; nohup bash bg.sh > bg.out 2>&1 < /dev/null & echo $! > bg.pid")
+    starts = at_once([lambda c=c: (c.sh(start, 120), time.monotonic())[1] for c in clones])
+    first, last = min(starts), max(starts)
+    lo, hi = last + 1, first + secs - 1
+    if hi - lo < 3:
+        raise RuntimeError(f"the clones started {last - first:.1f} s apart: too far for {secs} s runs")
+    time.sleep(max(0.0, last + secs + 5 - time.monotonic()))
+    outs = sh_all(clones, "for i in $(seq 120); do kill -0 $(cat bg.pid) 2>/dev/null || break; "
+                  "sleep 1; done; cat bg.out", 300)
+    rates = []
+    for c, t0, out in zip(clones, starts, outs):
+        # A line at k seconds covers [k-1, k] after the clone's start, which
+        # came before its SSH returned (t0), by less than the 1 s margins.
+        kept = [float(r) for k, r in PROGRESS[kind].findall(out)
+                if t0 + float(k) - 1 >= lo and t0 + float(k) <= hi]
+        if len(kept) < 2:
+            raise RuntimeError(f"{c.name}: {kind} printed too few progress lines in the common "
+                               f"window: {out[-500:]!r}")
+        rates.append(statistics.mean(kept))
+    return rates, {"spread_s": round(last - first, 2), "window_s": round(hi - lo, 2)}
+
+
+def pg_script(secs, clients):
+    return (workloads.PG_ENV + f"$as_pg $pgbin/pgbench -S -P 1 -T {secs} -c {clients} -j 1 bench")
+
+
+def sysbench_script(secs):
+    return f"sysbench cpu --threads=1 --time={secs} --report-interval=1 run"
 
 
 FIG5_DOMAINS = 8
@@ -137,36 +240,243 @@ def fig5_phases(n):
 def fig5(environments, run):
     """Figure 5, differentiated service: 8 clones each running PostgreSQL
     under pgbench (select-only: CPU-bound, so the CPU weights decide; the
-    paper ran OSDB-OLTP) at once, first with equal weights, then with
-    weights 1 to 8 (`domus sched-credit -w`); each domain's transactions per
-    second, and its share of the total against its weight's share."""
-    dom = next(e for e in environments if e.name == "domus")
+    paper showed OSDB-IR's shares) at once, first with equal weights, then
+    with weights 1 to 8 (`domus sched-credit -w`); each domain's
+    transactions per second, and its share of the total against its
+    weight's share."""
+    dom = domus_of(environments)
     n = FIG5_DOMAINS
-    snap = template(dom, workloads.pg_prepare(False, run.quick))
+    secs = 20 if run.quick else 40
     try:
-        clones = start_clones(dom, run.work, dom.key, snap, n, "pg")
-        # Each clone's PostgreSQL was running when it was saved.
-        at_once(clones, workloads.PG_ENV + "for i in $(seq 60); do $as_pg $pgbin/pg_isready -q "
-                "&& exit 0; sleep 1; done; exit 1", 120)
-        res = {"domains": n, "phases": {}}
+        clones = start_clones(dom, run, n, "pg")
+        # Each clone's PostgreSQL was running when the template was saved.
+        sh_all(clones, workloads.PG_ENV + "for i in $(seq 60); do $as_pg $pgbin/pg_isready -q "
+               "&& exit 0; sleep 1; done; exit 1", 120)
+        res = {"template_mib": TEMPLATE_MIB, "domains": n, "seconds": secs, "phases": {}}
         for phase, weights in fig5_phases(n).items():
             for c, w in zip(clones, weights):
                 dom.domus("sched-credit", "-d", c.name, "-w", str(w))
-            rounds = []
+            rounds, windows = [], []
             for t in range(run.count):
-                outs = at_once(clones, workloads.pg_command("pg_ro", 1, run.quick), 900)
-                tps = [workloads.parse(o).get("value") for o in outs]
-                if any(v is None for v in tps):
-                    raise RuntimeError(f"fig5 {phase}: a clone's pgbench printed no tps: {outs}")
-                say(f"fig5: {phase} trial {t + 1}: tps " + ", ".join(f"{v:.0f}" for v in tps))
+                tps, window = concurrent_rates(clones, pg_script(secs, 2), secs, "pgbench")
+                say(f"fig5: {phase} trial {t + 1}: tps " + ", ".join(f"{v:.0f}" for v in tps)
+                    + f" (starts {window['spread_s']} s apart)")
                 rounds.append(tps)
-            res["phases"][phase] = {"weights": weights, "tps": rounds}
+                windows.append(window)
+            res["phases"][phase] = {"weights": weights, "tps": rounds, "windows": windows}
         return res
     finally:
         destroy(dom, "pg", n)
-        for f in (snap, snap + ".mem"):
-            try:
-                os.remove(f)
-            except OSError:
-                pass
-        subprocess.run(["sync"])
+
+
+FIG4_COUNTS = [1, 2, 4, 8, 16]
+
+
+def fig4(environments, run):
+    """Figure 4, concurrent domains: 1, 2, 4, 8 and 16 clones each serving
+    the web workload (an nginx of one worker on the clone's vCPU) to its
+    own wrk in the nested host, all at once; their aggregate requests per
+    second against as many native nginx instances (one worker each, on the
+    native environment's CPUs) under the same wrk load. Clones not in a
+    count are paused."""
+    dom = domus_of(environments)
+    native = next((e for e in environments if e.name == "native"), None)
+    counts = FIG4_COUNTS
+    most = max(counts)
+    script = os.path.join(run.work, "pages.lua")
+    with open(script, "w") as f:
+        f.write(workloads.WRK_SCRIPT)
+    secs = 5 if run.quick else 20
+    if native is not None:
+        native.sh(" && ".join(f"(mkdir -p web{i} && cd web{i} && "
+                              + workloads.web_prepare(workloads.WEB_PORT + i, 1) + ")"
+                              for i in range(most)), 600)
+    try:
+        clones = start_clones(dom, run, most, "web")
+        sh_all(clones, workloads.web_prepare(workloads.WEB_PORT, 1), 300)
+        for c in clones:
+            c.pause()
+
+        def wrk_all(targets):
+            return at_once([lambda ip=ip, port=port: wrk(ip, port, secs, script) for ip, port in targets])
+
+        res = {"template_mib": TEMPLATE_MIB, "counts": counts, "seconds": secs, "runs": {}}
+        for t in range(run.count):
+            for name in envs_order(["native", "domus"] if native else ["domus"], t):
+                for n in counts:
+                    if name == "native":
+                        each = wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)])
+                    else:
+                        for c in clones[:n]:
+                            c.resume()
+                        try:
+                            each = wrk_all([(c.ip, workloads.WEB_PORT) for c in clones[:n]])
+                        finally:
+                            for c in clones[:n]:
+                                c.pause()
+                    say(f"fig4: trial {t + 1}: {name}, {n} server(s): {sum(each):.0f} req/s")
+                    res["runs"].setdefault(name, {}).setdefault(str(n), []).append(
+                        {"total": sum(each), "each": each})
+        return res
+    finally:
+        destroy(dom, "web", most)
+        if native is not None:
+            native.sh("; ".join(f"(cd web{i} && {workloads.web_stop()})" for i in range(most))
+                      + "; true", 60)
+
+
+def wrk(ip, port, secs, script):
+    """One wrk (one thread, 4 connections) against ip:port; requests/s."""
+    cmd = ["wrk", "-t", "1", "-c", "4", "-d", f"{secs}s", "-s", script, f"http://{ip}:{port}/"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
+    m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
+    if r.returncode != 0 or m is None:
+        raise RuntimeError(f"wrk against {ip}:{port} failed ({r.returncode}): {r.stdout[-300:]}{r.stderr[-300:]}")
+    return float(m.group(1))
+
+
+def envs_order(names, t):
+    t %= len(names)
+    return names[t:] + names[:t]
+
+
+# Figure 6's antisocial domains: each runs its hog in a loop from its
+# start, and is paused in the phases it is not in.
+HOGS = {
+    # A sustained dd and a file system workload of many small file
+    # creations in large directories (the paper's third domain).
+    "disk": ("while :; do dd if=/dev/zero of=hog.dd bs=1M count=256 oflag=direct status=none; done & "
+             "while :; do mkdir -p hogdir; for i in $(seq 20000); do : > hogdir/f$i; done; "
+             "rm -rf hogdir; done & wait"),
+    # A fork bomb (bounded by stress-ng's workers) and a memory hog that
+    # asks for twice the domain's memory, touches it, and starts again
+    # when the guest's OOM killer ends it (the paper's fourth domain).
+    "forkmem": ("while :; do stress-ng --fork 8 --vm 2 --vm-bytes 100% --vm-keep -t 60 "
+                ">/dev/null 2>&1; done"),
+    # TCP to the nested host as fast as it goes, on 4 connections.
+    "net": f"while :; do iperf3 -c {envs.GATEWAY} -t 60 -P 4 >/dev/null 2>&1 || sleep 1; done",
+}
+FIG6_PHASES = {"alone": [], "disk": ["disk"], "forkmem": ["forkmem"], "disk+forkmem": ["disk", "forkmem"],
+               "net": ["net"]}
+
+
+def fig6(environments, run):
+    """Figure 6 (the paper's section 4.4), performance isolation: two good
+    domains (the web workload under wrk from the nested host, PostgreSQL
+    under pgbench -S) measured at once, first with the antisocial domains
+    paused ("alone"), then with each antisocial domain running (a disk
+    hog, a fork bomb with a memory hog, both, a network hog); every domain
+    has the same weight. The good domains' throughput under each, relative
+    to alone."""
+    dom = domus_of(environments)
+    names = ["web", "pg"] + list(HOGS)
+    secs = 10 if run.quick else 20
+    script = os.path.join(run.work, "pages.lua")
+    with open(script, "w") as f:
+        f.write(workloads.WRK_SCRIPT)
+    server = subprocess.Popen(["iperf3", "-s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        clones = dict(zip(names, start_clones(dom, run, len(names), "iso")))
+        clones["web"].sh(workloads.web_prepare(workloads.WEB_PORT, 1), 300)
+        for hog, cmd in HOGS.items():
+            c = clones[hog]
+            c.sh(f"cat > hog.sh <<'HOG_EOF'\n{cmd}\nHOG_EOF\n"
+                 "nohup bash hog.sh > /dev/null 2>&1 < /dev/null & echo started", 120)
+            c.pause()
+
+        def good():
+            web, pg = at_once([
+                lambda: wrk(clones["web"].ip, workloads.WEB_PORT, secs, script),
+                lambda: value(clones["pg"].sh(workloads.pg_command("pg_ro", 1, run.quick, secs), 600),
+                              "pg's pgbench")])
+            return {"web": web, "pg": pg}
+
+        res = {"template_mib": TEMPLATE_MIB, "seconds": secs, "phases": {p: [] for p in FIG6_PHASES}}
+        for t in range(run.count):
+            for phase in envs_order(list(FIG6_PHASES), t):
+                hogs = [clones[h] for h in FIG6_PHASES[phase]]
+                for c in hogs:
+                    c.resume()
+                try:
+                    time.sleep(0 if not hogs else 5)  # the hogs under way
+                    vals = good()
+                finally:
+                    for c in hogs:
+                        c.pause()
+                say(f"fig6: trial {t + 1}: {phase}: web {vals['web']:.0f} req/s, pg {vals['pg']:.0f} tps")
+                res["phases"][phase].append(vals)
+        return res
+    finally:
+        server.kill()
+        server.wait()
+        destroy(dom, "iso", len(names))
+
+
+SCAL_MAX = 128
+
+
+def scal(environments, run):
+    """Section 4.5, scalability: up to SCAL_MAX clones (as many as
+    admission takes in the nested host; the results say how many) each
+    running sysbench cpu on its vCPU at once, against as many sysbench
+    processes natively; the aggregate events per second, the spread
+    between domains, and the nested host's memory per idle clone."""
+    dom = domus_of(environments)
+    native = next((e for e in environments if e.name == "native"), None)
+    most = min(SCAL_MAX if not run.quick else 8, most_clones(dom))
+    counts = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= most} | {most})
+    secs = 20 if run.quick else 30
+    before = mem_available_mib()
+    try:
+        clones = start_clones(dom, run, most, "cpu", pause=True)
+        time.sleep(5)
+        per_idle = (before - mem_available_mib()) / most
+        say(f"scal: {most} clones hold {per_idle:.1f} MiB each of the nested host's memory, paused")
+        res = {"template_mib": TEMPLATE_MIB, "most": most, "counts": counts, "seconds": secs, "idle_mib_per_domain": per_idle,
+               "runs": {}}
+        for t in range(run.count):
+            for name in envs_order(["native", "domus"] if native else ["domus"], t):
+                for n in counts:
+                    if name == "native":
+                        each = native_sysbench(native, n, secs)
+                        window = None
+                    else:
+                        for c in clones[:n]:
+                            c.resume()
+                        try:
+                            each, window = concurrent_rates(clones[:n], sysbench_script(secs), secs,
+                                                            "sysbench")
+                        finally:
+                            for c in clones[:n]:
+                                c.pause()
+                    say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
+                        f"(each {min(each):.0f} to {max(each):.0f})")
+                    res["runs"].setdefault(name, {}).setdefault(str(n), []).append(
+                        {"total": sum(each), "each": each, "window": window})
+        return res
+    finally:
+        destroy(dom, "cpu", most)
+
+
+def native_sysbench(native, n, secs):
+    """n single-threaded sysbench processes at once in the native
+    environment; each one's events per second."""
+    out = native.sh(f"for i in $(seq {n}); do sysbench cpu --threads=1 --time={secs} run "
+                    "| awk '/events per second/ {print \"value=\" $4}' > sb$i.out & done; wait; "
+                    f"cat $(seq -f 'sb%g.out' 1 {n})", secs * 4 + 120)
+    vals = [float(w.split("=", 1)[1]) for w in out.split() if w.startswith("value=")]
+    if len(vals) != n:
+        raise RuntimeError(f"native: {n} sysbench processes printed {len(vals)} values")
+    return vals
+
+
+def mem_available_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def domus_of(environments):
+    return next(e for e in environments if e.name == "domus")

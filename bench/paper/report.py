@@ -123,63 +123,27 @@ def plot_fig3(rows, path):
     return True
 
 
-PHASE_NAMES = {"equal": "equal weights", "weighted": "weights 1 to 8"}
-
-
-def fig5_table(exp):
-    """Figure 5: each domain's median transactions per second and its share
-    of the total against its weight's share, per phase. Target (issue 16):
-    each share within 10% of its weight's share."""
-    res = exp["runs"]
-    rows, lines = {}, []
-    for phase, p in res["phases"].items():
-        w = p["weights"]
-        tps = [statistics.median(r[i] for r in p["tps"]) for i in range(len(w))]
-        total, wsum = sum(tps), sum(w)
-        share = [x / total if total else None for x in tps]
-        want = [x / wsum for x in w]
-        off = [abs(s / t - 1) if s is not None else None for s, t in zip(share, want)]
-        worst = max((x for x in off if x is not None), default=None)
-        ok = worst is not None and worst <= 0.10
-        rows[phase] = {"weights": w, "tps": tps, "share": share, "weight_share": want,
-                       "worst_off": worst, "aggregate_tps": total,
-                       "target": "met" if ok else f"missed: a share {worst * 100:.0f}% off its "
-                       "weight's (target 10%)" if worst is not None else "missed"}
-        lines += ["", f"### {PHASE_NAMES.get(phase, phase)}: aggregate {total:.0f} tps; {rows[phase]['target']}", "",
-                  "| domain | weight | tps | share | weight's share | share/weight's |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        for i, (x, s, t) in enumerate(zip(tps, share, want)):
-            lines.append(f"| pg-{i + 1} | {w[i]} | {x:.0f} | {fmt(s, 3)} | {t:.3f} | "
-                         f"{fmt(s / t if s is not None else None)} |")
-    return rows, lines
-
-
-def plot_fig5(rows, path):
-    """Figure 5 as the paper drew it: each domain's throughput, one bar
-    group per domain, equal and weighted side by side."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    phases = list(rows)
-    n = len(rows[phases[0]]["tps"])
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    width = 0.8 / len(phases)
-    for j, (phase, colour) in enumerate(zip(phases, ("#9a9a9a", "#2b7bba"))):
-        xs = [i + (j - (len(phases) - 1) / 2) * width for i in range(n)]
-        ax.bar(xs, rows[phase]["tps"], width, color=colour,
-               label=f"{PHASE_NAMES.get(phase, phase)} ({', '.join(str(w) for w in rows[phase]['weights'])})")
-    ax.set_xticks(range(n))
-    ax.set_xticklabels([f"pg-{i + 1}" for i in range(n)], fontsize=8)
-    ax.set_ylabel("pgbench select-only (tps)")
-    ax.legend(fontsize=7)
-    ax.set_title(f"Figure 5: {n} domains under pgbench, by CPU weight (bench/paper)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
+def multi_sections(exps, doc):
+    """Figures 4-6 and the scalability experiment (report_multi.py): their
+    sections of results.md, their rows in doc, their plots."""
+    import report_multi as rm
+    lines = []
+    cpus = doc["machine"].get("cpus") or 1
+    for name, title, table, plot in (
+            ("fig4", "Figure 4: concurrent web servers", rm.fig4_table, rm.plot_fig4),
+            ("fig5", "Figure 5: differentiated service", rm.fig5_table, rm.plot_fig5),
+            ("fig6", "Figure 6: performance isolation (section 4.4)", rm.fig6_table, rm.plot_fig6),
+            ("scal", "Scalability (section 4.5)", lambda e: rm.scal_table(e, cpus), rm.plot_scal)):
+        if name not in exps:
+            continue
+        exp = exps[name]
+        rows, tbl = table(exp)
+        doc["experiments"][name] = {"rows": rows, "runs": exp["runs"], "quick": exp.get("quick")}
+        lines += [f"## {title}", "", rm.describe(name, exp, cpus)] + (tbl if tbl[0] == "" else [""] + tbl)
+        if plot(rows, os.path.join(HERE, f"{name}.png")):
+            lines += ["", f"![{title}]({name}.png)"]
+        lines.append("")
+    return lines
 
 
 def report(src, command):
@@ -239,21 +203,11 @@ def report(src, command):
                          f"{fmt(med['qemu'], 0)} | {fmt(d)} | {fmt(q)} | {fmt(dq)} |")
         doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs}
         lines.append("")
-    if "fig5" in exps:
-        rows, table = fig5_table(exps["fig5"])
-        n = len(next(iter(exps["fig5"]["runs"]["phases"].values()))["tps"])
-        doc["experiments"]["fig5"] = {"rows": rows, "trials": n, "runs": exps["fig5"]["runs"]}
-        lines += [f"## Figure 5: differentiated service ({n} trial(s); "
-                  f"{exps['fig5']['runs']['domains']} clones of the domain, each running "
-                  "PostgreSQL under `pgbench -S` at once, CPU weights by `sched-credit -w`)"] + table
-        if plot_fig5(rows, os.path.join(HERE, "fig5.png")):
-            lines += ["", "![Figure 5](fig5.png)"]
-        lines.append("")
-    missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig5") if x not in exps]
-    lines += ["## Not measured yet", "",
-              "Figures 4 and 6, the scalability experiment and the web row's dynamic pages are not "
-              "written yet (issue 16)."
-              + (f" Not in this run: {', '.join(missing)}." if missing else ""), ""]
+    lines += multi_sections(exps, doc)
+    missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
+               if x not in exps]
+    if missing:
+        lines += ["## Not in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")

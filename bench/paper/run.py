@@ -24,8 +24,17 @@ Experiments (names for --only):
            bandwidths (crates/guest/src/osbench.rs);
   net      Table 6: TCP throughput with iperf3 between the nested host and
            the environment (native: loopback), both ways, MTU 1500 and 500;
-  fig5     Figure 5: 8 clones of the Domus domain under pgbench at once,
-           equal CPU weights, then weights 1 to 8 (multi.py; Domus only).
+  fig4     Figure 4: 1 to 16 clones serving the web workload at once,
+           against as many native nginx instances;
+  fig5     Figure 5: 8 clones under pgbench at once, equal CPU weights,
+           then weights 1 to 8 (Domus only);
+  fig6     Figure 6 (section 4.4): two good clones (web, PostgreSQL) alone
+           and beside antisocial ones (disk, fork and memory, network
+           hogs; Domus only);
+  scal     section 4.5: up to 128 clones (as many as the nested host
+           admits) running sysbench cpu at once, against as many native
+           processes; memory per idle clone.
+The last four clone one small template domain (multi.py).
 """
 import contextlib
 import json
@@ -46,7 +55,7 @@ from envs import say  # noqa: E402
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
-EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig5"]
+EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal"]
 # ENVS=native,domus leaves QEMU out (a nested host that dies when a QEMU
 # guest boots in it: README, known issues).
 ENVS = os.environ.get("ENVS", "native,domus,qemu").split(",")
@@ -86,6 +95,7 @@ class Run:
     def __init__(self, out, done, quick, work):
         self.out, self.done, self.quick, self.work = out, done, quick, work
         self.count = trials(quick)
+        self.snap = None  # multi.py's template snapshot, made on first use
 
     def save(self):
         tmp = self.out + ".tmp"
@@ -281,8 +291,9 @@ def measure(out, only, quick):
                           "native_fs": native.fs}
         for name in todo:
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
-            res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench,
-                   "net": net, "fig5": multi.fig5}[name](environments, run)
+            res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
+                   "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
+                   "scal": multi.scal}[name](environments, run)
             done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
                                                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                               time.gmtime())}

@@ -50,8 +50,8 @@ def pg_prepare(native, quick):
             f"$as_pg $pgbin/pgbench -i -q -s {scale} bench 2>&1 | tail -n 1")
 
 
-def pg_command(key, vcpus, quick):
-    secs = 5 if quick else 20
+def pg_command(key, vcpus, quick, secs=None):
+    secs = secs or (5 if quick else 20)
     mode = "-S" if key == "pg_ro" else ""
     return (PG_ENV + f"$as_pg $pgbin/pgbench {mode} -T {secs} -c {2 * vcpus} -j {vcpus} bench "
             "2>/dev/null | awk '/^tps/ {print \"value=\" $3}'")
@@ -61,21 +61,21 @@ PG_STOP = "pgbin=$(ls -d /usr/lib/postgresql/*/bin | tail -n 1); " \
     "[ ! -d pg/data ] || runuser -u postgres -- $pgbin/pg_ctl -D pg/data -m fast stop"
 
 
-def web_prepare():
-    """A static site and an nginx of our own on WEB_PORT, the same
-    configuration everywhere (the image's own nginx stays as it is; the
-    temporary directories in the scratch directory: the nested host's
-    root is read-only)."""
+def web_prepare(port=WEB_PORT, workers="auto"):
+    """A static site and an nginx of our own on `port` with `workers`
+    worker processes, the same configuration everywhere (the image's own
+    nginx stays as it is; the temporary directories in the current
+    directory: the nested host's root is read-only)."""
     return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; mkdir -p www && "
             "for i in $(seq 0 99); do head -c 12288 /dev/urandom | base64 -w 76 > www/p$i.html; done; "
             "chmod -R a+rX www; chmod a+x .; mkdir -p ngt; d=$PWD; "
-            "printf 'worker_processes auto; pid %s/nginx.pid; error_log %s/nginx.err;\\n"
+            f"printf 'worker_processes {workers}; pid %s/nginx.pid; error_log %s/nginx.err;\\n"
             "events { worker_connections 1024; }\\n"
             "http { access_log off; sendfile on; client_body_temp_path %s/ngt/body; "
             "proxy_temp_path %s/ngt/proxy; fastcgi_temp_path %s/ngt/fastcgi; "
             "uwsgi_temp_path %s/ngt/uwsgi; scgi_temp_path %s/ngt/scgi; "
             "server { listen %s; root %s/www; } }\\n' "
-            f"\"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" {WEB_PORT} \"$d\" > nginx.conf && "
+            f"\"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" {port} \"$d\" > nginx.conf && "
             "$s /usr/sbin/nginx -c $d/nginx.conf -e $d/nginx.err")
 
 

@@ -1,0 +1,265 @@
+"""bench/paper's report of the experiments of many domains at once
+(multi.py): Figures 4-6 and section 4.5's scalability, their tables and
+plots in the paper's manner."""
+import statistics
+
+from report import fmt
+
+# Figure 6's target (issue 16): the good domains keep at least 95% of
+# their alone throughput under each antisocial load.
+ISOLATION_TARGET = 0.95
+# Scalability's: N domains' aggregate within 10% of N=1's times the CPUs
+# (times N below as many domains as CPUs).
+SCALING_TARGET = 0.90
+
+
+def pyplot():
+    """matplotlib's pyplot, without a display; None where it is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def totals(runs, env, n):
+    return [r["total"] for r in runs.get(env, {}).get(str(n), [])]
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def fig4_table(exp):
+    """Figure 4: the aggregate requests per second of N clones' web
+    servers against N native nginx instances."""
+    res = exp["runs"]
+    rows, lines = {}, ["| servers | native (req/s) | Domus (req/s) | Domus/native | Domus, least and most "
+                       "of one server |", "| ---: | ---: | ---: | ---: | --- |"]
+    for n in res["counts"]:
+        nat, dom = med(totals(res["runs"], "native", n)), med(totals(res["runs"], "domus", n))
+        each = [x for r in res["runs"].get("domus", {}).get(str(n), []) for x in r["each"]]
+        ratio = dom / nat if nat and dom is not None else None
+        rows[str(n)] = {"native": nat, "domus": dom, "domus_vs_native": ratio}
+        lines.append(f"| {n} | {fmt(nat, 0)} | {fmt(dom, 0)} | {fmt(ratio)} | "
+                     + (f"{min(each):.0f} to {max(each):.0f} |" if each else "n/a |"))
+    return rows, lines
+
+
+def plot_fig4(rows, path):
+    """Figure 4 as the paper drew it: a pair of bars (native, Domus) per
+    number of servers, the aggregate throughput on each."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    ns = list(rows)
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for j, (env, label, colour) in enumerate((("native", "native (N nginx)", "#4c4c4c"),
+                                              ("domus", "Domus (N domains)", "#2b7bba"))):
+        ys = [rows[n][env] or 0 for n in ns]
+        bars = ax.bar([i + (j - 0.5) * 0.38 for i in range(len(ns))], ys, 0.38, label=label, color=colour)
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(ns)))
+    ax.set_xticklabels(ns)
+    ax.set_xlabel("concurrent web servers")
+    ax.set_ylabel("aggregate requests/s (wrk)")
+    ax.legend(fontsize=8)
+    ax.set_title("Figure 4: concurrent web servers (bench/paper)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+PHASE_NAMES = {"equal": "equal weights", "weighted": "weights 1 to 8"}
+
+
+def fig5_table(exp):
+    """Figure 5: each domain's median transactions per second and its share
+    of the total against its weight's share, per phase. Target (issue 16):
+    each share within 10% of its weight's share."""
+    res = exp["runs"]
+    rows, lines = {}, []
+    for phase, p in res["phases"].items():
+        w = p["weights"]
+        tps = [statistics.median(r[i] for r in p["tps"]) for i in range(len(w))]
+        total, wsum = sum(tps), sum(w)
+        share = [x / total if total else None for x in tps]
+        want = [x / wsum for x in w]
+        off = [abs(s / t - 1) if s is not None else None for s, t in zip(share, want)]
+        worst = max((x for x in off if x is not None), default=None)
+        ok = worst is not None and worst <= 0.10
+        rows[phase] = {"weights": w, "tps": tps, "share": share, "weight_share": want,
+                       "worst_off": worst, "aggregate_tps": total,
+                       "target": "met" if ok else f"missed: a share {worst * 100:.0f}% off its "
+                       "weight's (target 10%)" if worst is not None else "missed"}
+        lines += ["", f"### {PHASE_NAMES.get(phase, phase)}: aggregate {total:.0f} tps; {rows[phase]['target']}", "",
+                  "| domain | weight | tps | share | weight's share | share/weight's |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for i, (x, s, t) in enumerate(zip(tps, share, want)):
+            lines.append(f"| pg-{i + 1} | {w[i]} | {x:.0f} | {fmt(s, 3)} | {t:.3f} | "
+                         f"{fmt(s / t if s is not None else None)} |")
+    return rows, lines
+
+
+def plot_fig5(rows, path):
+    """Figure 5 as the paper drew it: each domain's throughput, one bar
+    group per domain, equal and weighted side by side."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    phases = list(rows)
+    n = len(rows[phases[0]]["tps"])
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    width = 0.8 / len(phases)
+    for j, (phase, colour) in enumerate(zip(phases, ("#9a9a9a", "#2b7bba"))):
+        xs = [i + (j - (len(phases) - 1) / 2) * width for i in range(n)]
+        ax.bar(xs, rows[phase]["tps"], width, color=colour,
+               label=f"{PHASE_NAMES.get(phase, phase)} ({', '.join(str(w) for w in rows[phase]['weights'])})")
+    ax.set_xticks(range(n))
+    ax.set_xticklabels([f"pg-{i + 1}" for i in range(n)], fontsize=8)
+    ax.set_ylabel("pgbench select-only (tps)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"Figure 5: {n} domains under pgbench, by CPU weight (bench/paper)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+FIG6_UNITS = {"web": "req/s", "pg": "tps"}
+
+
+def fig6_table(exp):
+    """Figure 6 (section 4.4): each good domain's median throughput per
+    phase, relative to the phase with the antisocial domains paused."""
+    res = exp["runs"]
+    alone = {k: med([r[k] for r in res["phases"]["alone"]]) for k in FIG6_UNITS}
+    rows, lines = {}, ["| antisocial domains running | web (req/s) | web/alone | PostgreSQL (tps) | "
+                       "PostgreSQL/alone | target |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for phase, runs in res["phases"].items():
+        m = {k: med([r[k] for r in runs]) for k in FIG6_UNITS}
+        rel = {k: m[k] / alone[k] if alone[k] and m[k] is not None else None for k in FIG6_UNITS}
+        worst = min((v for v in rel.values() if v is not None), default=None)
+        verdict = ("" if phase == "alone" else "met" if worst is not None and worst >= ISOLATION_TARGET
+                   else f"missed: {(1 - worst) * 100:.0f}% lost (target 5%)" if worst is not None
+                   else "missed")
+        rows[phase] = {"median": m, "vs_alone": rel, "target": verdict}
+        lines.append(f"| {'none (alone)' if phase == 'alone' else phase} | {fmt(m['web'], 0)} | "
+                     f"{fmt(rel['web'])} | {fmt(m['pg'], 0)} | {fmt(rel['pg'])} | {verdict} |")
+    return rows, lines
+
+
+def plot_fig6(rows, path):
+    """The good domains' throughput relative to alone, per antisocial load."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    phases = [p for p in rows if p != "alone"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for j, (k, label, colour) in enumerate((("web", "web (nginx, wrk)", "#2b7bba"),
+                                            ("pg", "PostgreSQL (pgbench -S)", "#6a9f3a"))):
+        ys = [rows[p]["vs_alone"][k] or 0 for p in phases]
+        bars = ax.bar([i + (j - 0.5) * 0.38 for i in range(len(phases))], ys, 0.38, label=label,
+                      color=colour)
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(ISOLATION_TARGET, color="black", linewidth=0.6, linestyle="--")
+    ax.set_xticks(range(len(phases)))
+    ax.set_xticklabels(phases, fontsize=8)
+    ax.set_xlabel("antisocial domains running")
+    ax.set_ylabel("throughput relative to alone")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Figure 6: performance isolation (bench/paper)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+def scal_table(exp, cpus):
+    """Section 4.5: the aggregate sysbench rate of N domains against N
+    native processes, against N=1's times min(N, CPUs), and the spread
+    between domains."""
+    res = exp["runs"]
+    one = med(totals(res["runs"], "domus", 1))
+    rows, lines = {}, ["| domains | native (events/s) | Domus (events/s) | Domus/native | Domus/(N=1 × "
+                       "min(N, CPUs)) | one domain's least/most | target |",
+                       "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for n in res["counts"]:
+        nat, dom = med(totals(res["runs"], "native", n)), med(totals(res["runs"], "domus", n))
+        ideal = one * min(n, cpus) if one else None
+        scale = dom / ideal if ideal and dom is not None else None
+        spread = med([min(r["each"]) / max(r["each"]) for r in res["runs"].get("domus", {}).get(str(n), [])
+                      if max(r["each"]) > 0])
+        verdict = ("met" if scale is not None and scale >= SCALING_TARGET else
+                   f"missed: {(1 - scale) * 100:.0f}% below (target 10%)" if scale is not None else "missed")
+        rows[str(n)] = {"native": nat, "domus": dom, "domus_vs_native": dom / nat if nat and dom else None,
+                        "domus_vs_ideal": scale, "least_over_most": spread, "target": verdict}
+        lines.append(f"| {n} | {fmt(nat, 0)} | {fmt(dom, 0)} | {fmt(rows[str(n)]['domus_vs_native'])} | "
+                     f"{fmt(scale)} | {fmt(spread)} | {verdict} |")
+    return rows, lines
+
+
+def plot_scal(rows, path):
+    """As the paper's scalability figure: aggregate throughput against the
+    number of domains (native: processes), normalised to one."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    ns = [int(n) for n in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for env, label, colour in (("native", "native (N processes)", "#4c4c4c"),
+                               ("domus", "Domus (N domains)", "#2b7bba")):
+        base = rows[str(ns[0])][env]
+        if not base:
+            continue
+        ax.plot(ns, [(rows[str(n)][env] or 0) / base for n in ns], marker="o", label=label, color=colour)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns)
+    ax.set_xticklabels([str(n) for n in ns])
+    ax.set_xlabel("concurrent domains (native: processes), each running sysbench cpu on one vCPU")
+    ax.set_ylabel("aggregate throughput, relative to 1")
+    ax.legend(fontsize=8)
+    ax.set_title("Scalability (section 4.5, bench/paper)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+def trials_of(name, exp):
+    r = exp["runs"]
+    if name == "fig5":
+        return len(next(iter(r["phases"].values()))["tps"])
+    if name == "fig6":
+        return len(r["phases"]["alone"])
+    return len(r["runs"].get("domus", {}).get(str(r["counts"][0]), []))
+
+
+def describe(name, exp, cpus):
+    """What an experiment ran, in a sentence, above its table."""
+    r, n = exp["runs"], trials_of(name, exp)
+    clones = (f"clones of a template domain ({r.get('template_mib', 320)} MiB, 1 vCPU) on the nested "
+              f"host's {cpus} CPUs")
+    return {
+        "fig4": lambda: f"{n} trial(s) of {r['seconds']} s: N {clones}, each serving 100 static 16 KiB pages "
+                "from an nginx of one worker to its own wrk (1 thread, 4 connections) in the nested host, "
+                "all at once; native: N nginx instances of one worker. Medians of the aggregate.",
+        "fig5": lambda: f"{n} trial(s): {r['domains']} {clones}, each running PostgreSQL under `pgbench -S` "
+                f"(2 clients) for {r.get('seconds', '?')} s at once, CPU weights by `sched-credit -w`; "
+                "each domain's rate over the seconds when all ran.",
+        "fig6": lambda: f"{n} trial(s) of {r['seconds']} s: 5 {clones}, all with the same weight. Two good "
+                "ones (nginx under wrk, PostgreSQL under `pgbench -S`) measured at once, while the "
+                "antisocial ones are paused (alone) or run their hog: disk (a sustained O_DIRECT `dd` "
+                "and small-file creation in a large directory), forkmem (`stress-ng --fork 8 --vm 2 "
+                "--vm-bytes 100%`: a bounded fork bomb and a memory hog the guest's OOM killer ends), "
+                "net (`iperf3 -P 4` to the nested host).",
+        "scal": lambda: f"{n} trial(s) of {r['seconds']} s: up to {r['most']} {clones} (as many as admission "
+                "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
+                "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
+                f"clone: {r['idle_mib_per_domain']:.1f} MiB.",
+    }[name]()
