@@ -86,6 +86,19 @@ def stop_daemon(daemon, state):
     subprocess.run(["pkill", "-9", "-f", f"api-socket {state}/"], capture_output=True)
 
 
+def domain_lease(state, name):
+    """The address the daemon's DHCP leased to domain `name` (its
+    `network-list`), or None while it has none. A domain the daemon does
+    not have (gone, or never made) raises LookupError with the CLI's
+    error."""
+    r = subprocess.run([DOMUS, "network-list", "--json", name],
+                       env=dict(os.environ, DOMUS_STATE_DIR=state), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LookupError(r.stderr.strip())
+    devs = json.loads(r.stdout)
+    return next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
+
+
 def lease_of(state, bridge, mac):
     """The address the daemon's dnsmasq leased to `mac`, or None."""
     try:

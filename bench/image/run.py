@@ -35,7 +35,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import benchlib  # noqa: E402
-DOMUS = benchlib.DOMUS
 domus = benchlib.domus
 RUNS = int(os.environ.get("RUNS", "3"))
 IMAGES = os.environ["BENCH_IMAGES"]
@@ -71,19 +70,21 @@ def domus_round(state, cfg, keep_seed):
     while ip is None:
         if time.monotonic() > deadline:
             raise RuntimeError("the Domus domain got no lease")
-        r = subprocess.run([DOMUS, "network-list", "--json", "bench"],
-                           env=dict(os.environ, DOMUS_STATE_DIR=state), capture_output=True, text=True)
+        why = None
+        try:
+            ip = benchlib.domain_lease(state, "bench")
+        except LookupError as e:
+            why = str(e)
         doms = json.loads(domus(state, "list", "--json"))
-        restarted = any(d.get("name") == "bench" and (d.get("restarts", 0) > 0 or d.get("state") == "restarting")
-                        for d in doms)
-        if r.returncode != 0 or restarted:
+        if any(d.get("name") == "bench" and (d.get("restarts", 0) > 0 or d.get("state") == "restarting")
+               for d in doms):
+            why = why or "the domain restarted"
+        if why is not None:
             tail = ""
             for d in sorted(os.listdir(os.path.join(state, "domains"))):
                 tail = benchlib.last_lines(os.path.join(state, "domains", d, "console.log"), 15) or tail
             domus(state, "destroy", "bench", check=False)
-            raise Restarted(f"{r.stderr.strip()}; console's last lines:\n{tail}")
-        devs = json.loads(r.stdout)
-        ip = next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
+            raise Restarted(f"{why}; console's last lines:\n{tail}")
         if ip is None:
             time.sleep(0.2)
     lease = time.monotonic() - t0

@@ -16,7 +16,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import benchlib  # noqa: E402
-DOMUS = benchlib.DOMUS
 HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
 BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
 QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
@@ -186,13 +185,10 @@ class Domus(Guest):
 
     def lease(self, name):
         """The address the daemon's DHCP leased to domain `name`, or None."""
-        r = subprocess.run([DOMUS, "network-list", "--json", name],
-                           env=dict(os.environ, DOMUS_STATE_DIR=self.state),
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            return None
-        devs = json.loads(r.stdout)
-        return next((d["info"].get("ip") for d in devs if d["info"].get("ip")), None)
+        try:
+            return benchlib.domain_lease(self.state, name)
+        except LookupError:
+            return None  # gone: wait_lease's running() says why
 
     def wait_lease(self, name, deadline):
         """Domain `name`'s address once the daemon's DHCP leased it, before
