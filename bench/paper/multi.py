@@ -438,14 +438,15 @@ def scal(environments, run):
             for name in envs_order(["native", "domus"] if native else ["domus"], t):
                 for n in counts:
                     if name == "native":
-                        each = native_sysbench(native, n, secs)
+                        each = native_sysbench(native, n, secs + n)
                         window = None
                     else:
                         for c in clones[:n]:
                             c.resume()
                         try:
-                            each, window = concurrent_rates(clones[:n], sysbench_script(secs), secs,
-                                                            "sysbench")
+                            # N SSH logins take longer to start them all.
+                            each, window = concurrent_rates(clones[:n], sysbench_script(secs + n),
+                                                            secs + n, "sysbench")
                         finally:
                             for c in clones[:n]:
                                 c.pause()

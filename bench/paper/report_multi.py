@@ -258,7 +258,7 @@ def describe(name, exp, cpus):
                 "and small-file creation in a large directory), forkmem (`stress-ng --fork 8 --vm 2 "
                 "--vm-bytes 100%`: a bounded fork bomb and a memory hog the guest's OOM killer ends), "
                 "net (`iperf3 -P 4` to the nested host).",
-        "scal": lambda: f"{n} trial(s) of {r['seconds']} s: up to {r['most']} {clones} (as many as admission "
+        "scal": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: up to {r['most']} {clones} (as many as admission "
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
                 f"clone: {r['idle_mib_per_domain']:.1f} MiB.",
