@@ -20,7 +20,8 @@ virtio-net backend (vhost=off, like Domus), vhost-vsock):
     loopback. There is no native vsock row.
 
 More variants, for issue 15's rows (VARIANTS=domus,domus-vfr,domus-qcow2,
-domus-qcow2-used,qemu,qemu-qcow2; OUT_NAME names the results files):
+domus-qcow2-used,domus-sparse,qemu,qemu-qcow2; OUT_NAME names the results
+files):
 `domus-vfr`, with the virtual firewall-router's rules on both taps (`domus
 vfr apply`, as the daemon puts them on its domains'); `domus-qcow2` and
 `qemu-qcow2`, whose root and data disks are fresh qcow2 overlays on the
@@ -29,7 +30,10 @@ disk is: every first write into a 64 KiB cluster allocates it, and one
 that does not cover it whole copies the rest from the base; and
 `domus-qcow2-used`, whose data overlay has had every cluster written
 (`qemu-io`) before the guest starts, as a domain's overlay that has been
-in use for a while.
+in use for a while; and `domus-sparse`, whose data disk is a fresh sparse
+raw file (`truncate`): a fresh overlay is thin, so its first writes pay
+the host file system's allocation as a sparse raw disk's do, and this is
+the raw disk to hold it against.
 
 Throughput is measured at the receiving end (accept to end of stream).
 Run with tools/bench-io, which runs each round (`run.py round OUT`) in a
@@ -76,7 +80,8 @@ VARIANTS = os.environ.get("VARIANTS", "domus,domus-jail,qemu").split(",")
 OUT_NAME = os.environ.get("OUT_NAME", "results")
 NAMES = {"native": "native", "domus": "Domus", "domus-jail": "Domus jailed",
          "domus-vfr": "Domus VFR", "domus-qcow2": "Domus qcow2",
-         "domus-qcow2-used": "Domus qcow2 used", "qemu": "QEMU", "qemu-qcow2": "QEMU qcow2"}
+         "domus-qcow2-used": "Domus qcow2 used", "domus-sparse": "Domus sparse raw", "qemu": "QEMU",
+         "qemu-qcow2": "QEMU qcow2"}
 
 
 def say(msg):
@@ -150,6 +155,8 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
         for i, (path, ro) in enumerate(disks):
             if "qcow2" in vmm and not ro:
                 path = overlay(path, vmm, i == 1) + ",format=qcow2"
+            elif vmm == "domus-sparse" and i == 1:
+                path = sparse(path, vmm)
             c += ["--disk", path + (",ro" if ro else "")]
         if cid:
             c += ["--vsock", f"cid={cid}"]
@@ -181,6 +188,15 @@ def overlay(path, vmm, data):
         if data and vmm.endswith("-used"):
             sh("qemu-io", "-f", "qcow2", "-c", f"write -P 0x5a 0 {DATA_MIB}M", top)
     return top
+
+
+def sparse(path, vmm):
+    """A fresh sparse raw file as large as `path` (made once per round and
+    variant)."""
+    thin = f"{path}.{vmm}.sparse"
+    if not os.path.exists(thin):
+        sh("truncate", "-s", str(os.path.getsize(path)), thin)
+    return thin
 
 
 def vfr(on):
@@ -351,8 +367,9 @@ def one_full_round(out_path):
             finally:
                 vfr(False)
             for p in (root, data):
-                if os.path.exists(f"{p}.{vmm}.qcow2"):
-                    os.remove(f"{p}.{vmm}.qcow2")
+                for made in (f"{p}.{vmm}.qcow2", f"{p}.{vmm}.sparse"):
+                    if os.path.exists(made):
+                        os.remove(made)
     finally:
         bridge(False)
         shutil.rmtree(work, ignore_errors=True)
@@ -411,7 +428,9 @@ def main():
                          "qcow2_used_vs_raw": ratio(median["domus-qcow2-used"][key], median["domus"][key])
                          if "domus-qcow2-used" in median else None,
                          "qemu_qcow2_vs_raw": ratio(median["qemu-qcow2"][key], median["qemu"][key])
-                         if "qemu-qcow2" in median else None}
+                         if "qemu-qcow2" in median else None,
+                         "qcow2_vs_sparse": ratio(median["domus-qcow2"][key], median["domus-sparse"][key])
+                         if "domus-qcow2" in median and "domus-sparse" in median else None}
                    for key in KEYS},
     }
     with open(os.path.join(HERE, f"{OUT_NAME}.json"), "w") as f:
@@ -434,8 +453,9 @@ def main():
              ("vfr_vs_no_vfr", "VFR/Domus", "domus-vfr"),
              ("qcow2_vs_raw", "qcow2/Domus", "domus-qcow2"),
              ("qcow2_used_vs_raw", "qcow2 used/Domus", "domus-qcow2-used"),
-             ("qemu_qcow2_vs_raw", "QEMU qcow2/QEMU", "qemu-qcow2")]
-    extra = [e for e in extra if e[2] in median]
+             ("qemu_qcow2_vs_raw", "QEMU qcow2/QEMU", "qemu-qcow2"),
+             ("qcow2_vs_sparse", "qcow2/sparse raw", "domus-sparse")]
+    extra = [e for e in extra if e[2] in median and (e[0] != "qcow2_vs_sparse" or "domus-qcow2" in median)]
     head = ["test"] + [NAMES[n] for n in names] + ["Domus/QEMU", "Domus/native"] + [e[1] for e in extra]
     lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for key in KEYS:
@@ -457,7 +477,8 @@ def main():
         "puts them); \"qcow2\" with both disks as fresh qcow2 overlays on the raw images "
         "(64 KiB clusters: a cluster's first write allocates it and copies from the base what "
         "the write does not cover), \"qcow2 used\" with every cluster of the data overlay "
-        "written before the guest starts. The raw data disk is allocated (fallocate).",
+        "written before the guest starts, \"sparse raw\" with a fresh sparse raw data disk "
+        "(truncate). The raw data disk is allocated (fallocate).",
         f"Each round runs in a fresh nested host; {retried} attempt(s) failed or stalled "
         "(see README, known issues) and were run again.",
         "",
