@@ -95,7 +95,10 @@ class Guest:
         self.helper = "/home/debian/domus-guest"
 
     def ssh_args(self):
+        # ServerAlive: a guest that vanishes (reset, crashed, destroyed)
+        # ends the session within a minute instead of leaving it hanging.
         return ["-i", self.key, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
                 "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={self.known}"]
 
     def alive(self):
@@ -107,11 +110,11 @@ class Guest:
                                capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             if not self.alive():
-                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`")
+                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`; {self.evidence()}")
             raise
         if r.returncode != 0:
             if not self.alive():
-                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`")
+                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`; {self.evidence()}")
             raise RuntimeError(f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}")
         return r.stdout
 
@@ -158,13 +161,15 @@ class Domus(Guest):
 
     def config(self, name, memory_mib, vcpus):
         """Writes the configuration of a domain `name` of the image (maxmem
-        = memory: admission counts maxmem) and returns its path."""
+        = memory: admission counts maxmem; a crashed domain is kept, with
+        its console, for the evidence) and returns its path."""
         with open(self.key + ".pub") as f:
             public = f.read().strip()
         cfg = os.path.join(self.work, f"{name}.cfg")
         with open(cfg, "w") as f:
             f.write(f"name = '{name}'\nimage = '{self.image}'\nmemory = {memory_mib}\n"
-                    f"maxmem = {memory_mib}\nvcpus = {vcpus}\nvif = ['']\nssh_keys = ['{public}']\n")
+                    f"maxmem = {memory_mib}\nvcpus = {vcpus}\nvif = ['']\nssh_keys = ['{public}']\n"
+                    "on_crash = 'preserve'\n")
         return cfg
 
     def domus(self, *args, check=True):
@@ -219,7 +224,7 @@ class Domus(Guest):
         for path in [os.path.join(self.state, "domains", d, "console.log")
                      for d in sorted(os.listdir(os.path.join(self.state, "domains")))
                      if os.path.isdir(os.path.join(self.state, "domains", d))] + [self.log.name]:
-            out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 8))
+            out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 20 if path == self.log.name else 8))
         try:
             out.append("list: " + self.domus("list", "--json", check=False)[:800])
         except OSError:

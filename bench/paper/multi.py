@@ -93,8 +93,11 @@ def template(dom, run):
 def template_prepare(t, quick):
     # The database, as Figure 3's pg experiment makes it, and a stopped
     # nginx: each experiment starts what it serves.
+    t0 = time.monotonic()
     t.sh(workloads.pg_prepare(False, quick), 1800)
+    say(f"{TEMPLATE}: PostgreSQL's database made in {time.monotonic() - t0:.0f} s")
     t.sh(workloads.web_prepare() + " && " + workloads.web_stop(), 600)
+    say(f"{TEMPLATE}: the web pages made")
     # cloud-init's ifupdown brings up the interface it saw at first boot,
     # by name. A clone's interface is a new one, plugged later, with a new
     # MAC and maybe a new name: systemd-networkd (in Debian's systemd) takes

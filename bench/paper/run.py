@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -260,6 +261,27 @@ def start(guest, done):
     raise RuntimeError(f"{guest.name}: the guest reset in three boots in a row")
 
 
+def heartbeat(dom, what, every=120):
+    """Prints, every `every` seconds, which experiment runs and each
+    domain's vCPU time so far: a slow step shows progress (tools/watched
+    stops a host that prints nothing for STALL_S), a frozen host shows
+    nothing, and a guest whose vCPU time stops moving shows it has
+    stalled."""
+    t0 = time.monotonic()
+
+    def loop():
+        while True:
+            time.sleep(every)
+            try:
+                doms = json.loads(dom.domus("list", "--json", check=False) or "[]")
+                cpu = ", ".join(f"{d['name']} {d.get('vcpu_time_s', 0):.0f} s" for d in doms)
+            except (ValueError, OSError, KeyError) as e:
+                cpu = f"no list ({e})"
+            say(f"{what[0]}: still running after {time.monotonic() - t0:.0f} s; vCPU time: {cpu}")
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 def measure(out, only, quick):
     done = {}
     if os.path.exists(out):
@@ -270,7 +292,11 @@ def measure(out, only, quick):
         say("every experiment asked for is measured already")
         return
     record = envs.benchlib.image_record(IMAGES, IMAGE)
-    work = tempfile.mkdtemp(prefix="domus-bench-paper-")
+    # BENCH_WORK_DIR: tools/bench-paper's scratch disk in the nested host.
+    # The domains' disks live here, and on a tmpfs the pages a VMM writes
+    # into them are charged to its memory cgroup (maxmem + 64 MiB) and
+    # cannot be reclaimed: a domain that writes its disk is killed.
+    work = tempfile.mkdtemp(prefix="domus-bench-paper-", dir=os.environ.get("BENCH_WORK_DIR") or None)
     os.chmod(work, 0o755)  # native's workloads run as postgres and nginx's user too
     key = os.path.join(work, "id")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
@@ -294,7 +320,10 @@ def measure(out, only, quick):
         done["machine"] = machine()
         done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,
                           "native_fs": native.fs}
+        what = ["starting"]
+        heartbeat(dom, what)
         for name in todo:
+            what[0] = name
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
