@@ -100,21 +100,26 @@ def template_prepare(t, quick):
     say(f"{TEMPLATE}: the web pages made")
     # cloud-init's ifupdown brings up the interface it saw at first boot,
     # by name. A clone's interface is a new one, plugged later, with a new
-    # MAC and maybe a new name: systemd-networkd (in Debian's systemd) takes
-    # every interface but the template's own (which ifupdown keeps), by
-    # DHCP with the MAC as client ID (dnsmasq then gives each clone its own
-    # address; the machine ID they share would not).
+    # MAC and maybe the old name: systemd-networkd (in Debian's systemd)
+    # takes every interface but the template's own, by DHCP with the MAC as
+    # client ID (dnsmasq then gives each clone its own address; the machine
+    # ID they share would not). The template's own is matched first, by
+    # MAC, and left unmanaged: ifupdown keeps it, and the SSH session on it.
     dev = t.sh(f"ip -o -4 addr show | awk '$4 ~ /^{t.ip}\\// {{print $2}}'", 60).strip()
     if not dev:
         raise RuntimeError(f"{TEMPLATE}: no interface holds {t.ip}")
     mac = t.sh(f"cat /sys/class/net/{dev}/address", 60).strip()
-    unit = os.path.join(t.work, "80-clone.network")
-    with open(unit, "w") as f:
-        f.write(f"[Match]\nName=en* eth*\nMACAddress=!{mac}\n\n[Network]\nDHCP=ipv4\n\n"
-                "[DHCPv4]\nClientIdentifier=mac\n")
-    t.put(unit, "80-clone.network")
-    t.sh("sudo install -m 644 80-clone.network /etc/systemd/network/ && "
+    units = {"10-template.network": f"[Match]\nMACAddress={mac}\n\n[Link]\nUnmanaged=yes\n",
+             "80-clone.network": "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n\n"
+                                 "[DHCPv4]\nClientIdentifier=mac\n"}
+    for name, text in units.items():
+        path = os.path.join(t.work, name)
+        with open(path, "w") as f:
+            f.write(text)
+        t.put(path, name)
+    t.sh("sudo install -m 644 " + " ".join(units) + " /etc/systemd/network/ && "
          "sudo systemctl enable --now systemd-networkd >/dev/null 2>&1 && sync", 120)
+    say(f"{TEMPLATE}: systemd-networkd takes every new interface")
 
 
 def most_clones(dom):
