@@ -65,6 +65,25 @@ pub(crate) fn alive(pid: i64, start: Option<i64>) -> bool {
     start.is_some() && !zombie && start_time(pid) == start
 }
 
+/// Whether `path` lies on a tmpfs (or ramfs): memory the writer's cgroup
+/// is charged for and, with no swap, cannot get back.
+pub fn in_memory_fs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: libc::statfs is plain integers; all zeroes is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs reads the NUL-terminated path and writes only the
+    // struct it is given; both pointers are valid for the call.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +105,15 @@ mod tests {
             "{l}"
         );
         assert_eq!(allowed_cpus(me, -1), None);
+    }
+
+    #[test]
+    fn dev_shm_is_in_memory_and_a_missing_path_is_not() {
+        // /dev/shm is a tmpfs wherever glibc's shm_open works.
+        if std::path::Path::new("/dev/shm").is_dir() {
+            assert!(in_memory_fs(std::path::Path::new("/dev/shm")));
+        }
+        assert!(!in_memory_fs(std::path::Path::new("/proc")));
+        assert!(!in_memory_fs(std::path::Path::new("/no/such/path")));
     }
 }

@@ -618,6 +618,22 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         tracing::warn!("{msg}");
         d.log(msg);
     }
+    let in_memory: Vec<String> = std::iter::once(&d.state)
+        .chain(&d.files.image_dirs)
+        .filter(|p| !no_cgroups && host::in_memory_fs(p))
+        .map(|p| p.display().to_string())
+        .collect();
+    if !in_memory.is_empty() {
+        let msg = format!(
+            "{} on tmpfs: a VMM's writes into disk images there are charged to its domain's \
+             memory cgroup and cannot be reclaimed, so a domain whose disk writes and guest \
+             memory together pass its memory.max (maxmem + 64 MiB) is killed; use a disk \
+             file system",
+            in_memory.join(", ")
+        );
+        tracing::warn!("{msg}");
+        d.log(&msg);
+    }
     if no_cgroups {
         let msg = "running WITHOUT cgroups (--no-cgroups): domains get no CPU weights, caps, \
                    CPU lists or memory limits, and requests that would set one are refused";
