@@ -223,8 +223,16 @@ class Domus(Guest):
         out = []
         for path in [os.path.join(self.state, "domains", d, "console.log")
                      for d in sorted(os.listdir(os.path.join(self.state, "domains")))
-                     if os.path.isdir(os.path.join(self.state, "domains", d))] + [self.log.name]:
-            out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 20 if path == self.log.name else 8))
+                     if os.path.isdir(os.path.join(self.state, "domains", d))]:
+            out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 8))
+        # The daemon's own lines: its log also carries every console's.
+        try:
+            with open(self.log.name, errors="replace") as f:
+                own = [line.rstrip() for line in f
+                       if " console: " not in line and not line.startswith(" domain=")]
+        except OSError:
+            own = []
+        out.append(f"{self.log.name}'s last lines but the consoles':\n" + "\n".join(own[-30:]))
         try:
             out.append("list: " + self.domus("list", "--json", check=False)[:800])
         except OSError:

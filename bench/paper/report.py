@@ -155,7 +155,8 @@ def report(src, command):
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": command, "machine": m, "config": raw.get("config", {}),
            "retried": int(os.environ.get("RETRIED", "0")),
-           "boots_retried": raw.get("boots_retried", []), "experiments": {}}
+           "boots_retried": raw.get("boots_retried", []),
+           "clones_replaced": raw.get("clones_replaced", []), "experiments": {}}
     lines = ["# bench/paper results", "",
              f"{doc['date']} on `{m.get('host')}` ({m.get('cpus')} CPUs, kernel {m.get('kernel')}), "
              f"in the nested KVM host; command `{command}`. Guests: {doc['config'].get('vcpus')} "
@@ -163,7 +164,8 @@ def report(src, command):
              "native runs in the nested host on as many CPUs (taskset). Medians of each "
              "environment's trials; scores relative to native, more is better. Nested hosts that "
              f"died and were replaced: {doc['retried']}; guest boots run again after a reset: "
-             f"{len(doc['boots_retried'])}.", ""]
+             f"{len(doc['boots_retried'])}; clones made again after a reset before they were up: "
+             f"{len(doc['clones_replaced'])}.", ""]
     if any(x in exps for x in ("fig3", "pg", "web")):
         rows, table = fig3_table(exps)
         n = min(len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps)
