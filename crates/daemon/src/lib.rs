@@ -627,9 +627,10 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
         let msg = format!(
             "{} on tmpfs: a VMM's writes into disk images there are charged to its domain's \
              memory cgroup and cannot be reclaimed, so a domain whose disk writes and guest \
-             memory together pass its memory.max (maxmem + 64 MiB) is killed; use a disk \
+             memory together pass its memory.max (maxmem + {} MiB) is killed; use a disk \
              file system",
-            in_memory.join(", ")
+            in_memory.join(", "),
+            cgroup::VMM_ALLOWANCE_MIB
         );
         tracing::warn!("{msg}");
         d.log(&msg);
