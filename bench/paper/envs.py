@@ -32,6 +32,27 @@ class Restarted(Exception):
     fresh nested host and counts it."""
 
 
+def rotate(xs, i):
+    """`xs` turned by `i`: trial i's order, so no environment always goes
+    first."""
+    i %= len(xs)
+    return xs[i:] + xs[:i]
+
+
+def boot(guest, done):
+    """Boots `guest` (its start()), again (at most twice more) when it
+    resets on the way: the nested host's triple faults (README, known
+    issues), counted in `done`'s boots_retried."""
+    for attempt in range(3):
+        try:
+            guest.start()
+            return attempt
+        except Restarted as e:
+            say(f"{guest.name}: the guest reset while booting; booting it again: {e}")
+            done.setdefault("boots_retried", []).append({"env": guest.name, "why": str(e)[:500]})
+    raise RuntimeError(f"{guest.name}: the guest reset in three boots in a row")
+
+
 class Native:
     """The nested host itself, on as many CPUs as a guest has vCPUs
     (taskset); the helper, the inputs and the workloads' files in a fresh

@@ -38,10 +38,19 @@ class Domain(envs.Guest):
     """A domain of the daemon's other than `paper` (the template, a
     clone), reached by SSH at the address the daemon's DHCP leased it."""
 
-    def __init__(self, work, key, dom, name):
-        self.name = name
+    def __init__(self, work, key, dom, name, cfg=None):
+        self.name, self.cfg = name, cfg
         super().__init__(work, key)
         self.dom = dom
+
+    def start(self):
+        """Creates the domain from its configuration (one of its name
+        destroyed first) and waits until it is up (envs.boot's)."""
+        self.dom.domus("destroy", self.name, check=False)
+        t0 = time.monotonic()
+        self.dom.domus("create", self.cfg)
+        self.up(t0 + envs.UP_TIMEOUT_S)
+        say(f"{self.name}: up at {self.ip} after {time.monotonic() - t0:.0f} s")
 
     def alive(self):
         return self.dom.running(self.name)
@@ -68,21 +77,9 @@ def template(dom, run):
     copy its disk, and its snapshot names it)."""
     if run.snap:
         return run.snap
-    cfg = dom.config(TEMPLATE, TEMPLATE_MIB, TEMPLATE_VCPUS)
-    t = Domain(run.work, dom.key, dom, TEMPLATE)
-    for attempt in range(3):
-        dom.domus("destroy", TEMPLATE, check=False)
-        t0 = time.monotonic()
-        dom.domus("create", cfg)
-        try:
-            t.up(t0 + envs.UP_TIMEOUT_S)
-            break
-        except envs.Restarted as e:
-            say(f"{TEMPLATE}: the guest reset while booting; booting it again: {e}")
-            run.done.setdefault("boots_retried", []).append({"env": TEMPLATE, "why": str(e)[:500]})
-    else:
-        raise RuntimeError(f"{TEMPLATE}: the guest reset in three boots in a row")
-    say(f"{TEMPLATE}: up at {t.ip} after {time.monotonic() - t0:.0f} s; preparing the template")
+    t = Domain(run.work, dom.key, dom, TEMPLATE, dom.config(TEMPLATE, TEMPLATE_MIB, TEMPLATE_VCPUS))
+    envs.boot(t, run.done)
+    say(f"{TEMPLATE}: preparing the template")
     template_prepare(t, run.quick)
     snap = os.path.join(dom.snaps, f"{TEMPLATE}-{int(time.time())}.snap")
     t0 = time.monotonic()
@@ -340,7 +337,7 @@ def fig4(environments, run):
 
         res = {"template_mib": TEMPLATE_MIB, "counts": counts, "seconds": secs, "runs": {}}
         for t in range(run.count):
-            for name in envs_order(["native", "domus"] if native else ["domus"], t):
+            for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
                 for n in counts:
                     if name == "native":
                         each = wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)])
@@ -365,17 +362,7 @@ def fig4(environments, run):
 
 def wrk(ip, port, secs, script):
     """One wrk (one thread, 4 connections) against ip:port; requests/s."""
-    cmd = ["wrk", "-t", "1", "-c", "4", "-d", f"{secs}s", "-s", script, f"http://{ip}:{port}/"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
-    m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
-    if r.returncode != 0 or m is None:
-        raise RuntimeError(f"wrk against {ip}:{port} failed ({r.returncode}): {r.stdout[-300:]}{r.stderr[-300:]}")
-    return float(m.group(1))
-
-
-def envs_order(names, t):
-    t %= len(names)
-    return names[t:] + names[:t]
+    return workloads.wrk(ip, port, 1, 4, secs, script, secs + 120)
 
 
 # Figure 6's antisocial domains: each runs its hog in a loop from its
@@ -431,7 +418,7 @@ def fig6(environments, run):
 
         res = {"template_mib": TEMPLATE_MIB, "seconds": secs, "phases": {p: [] for p in FIG6_PHASES}}
         for t in range(run.count):
-            for phase in envs_order(list(FIG6_PHASES), t):
+            for phase in envs.rotate(list(FIG6_PHASES), t):
                 hogs = [clones[h] for h in FIG6_PHASES[phase]]
                 for c in hogs:
                     c.resume()
@@ -473,7 +460,7 @@ def scal(environments, run):
         res = {"template_mib": TEMPLATE_MIB, "most": most, "counts": counts, "seconds": secs, "idle_mib_per_domain": per_idle,
                "runs": {}}
         for t in range(run.count):
-            for name in envs_order(["native", "domus"] if native else ["domus"], t):
+            for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
                 for n in counts:
                     if name == "native":
                         each = native_sysbench(native, n, secs + n)

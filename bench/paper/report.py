@@ -83,14 +83,31 @@ def osbench_tables(exp):
     return rows, lines
 
 
-def plot_fig3(rows, path):
-    """Figure 3 as the paper drew it: one group of bars per workload, the
-    score relative to native, one bar per environment."""
+def pyplot():
+    """matplotlib's pyplot, without a display; None where it is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def finish(plt, fig, ax, title, path):
+    """Titles a plot, writes it to `path` (PNG) and closes it; True."""
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+def plot_fig3(rows, path):
+    """Figure 3 as the paper drew it: one group of bars per workload, the
+    score relative to native, one bar per environment."""
+    plt = pyplot()
+    if plt is None:
         return False
     keys = list(rows)
     top = 1.0
@@ -116,11 +133,7 @@ def plot_fig3(rows, path):
     ax.set_ylim(0, 1.15 * top)
     ax.axhline(1.0, color="black", linewidth=0.5)
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("Figure 3: relative performance (bench/paper)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
+    return finish(plt, fig, ax, "Figure 3: relative performance (bench/paper)", path)
 
 
 def multi_sections(exps, doc):

@@ -3,7 +3,7 @@
 plots in the paper's manner."""
 import statistics
 
-from report import fmt
+from report import finish, fmt, pyplot
 
 # Figure 6's target (issue 16): the good domains keep at least 95% of
 # their alone throughput under each antisocial load.
@@ -13,15 +13,15 @@ ISOLATION_TARGET = 0.95
 SCALING_TARGET = 0.90
 
 
-def pyplot():
-    """matplotlib's pyplot, without a display; None where it is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
+def pair_bars(ax, xs, pairs, value_format):
+    """Two bars at each of `xs` (pairs: [(label, colour, values)]), each
+    with its value above it."""
+    for j, (label, colour, ys) in enumerate(pairs):
+        bars = ax.bar([i + (j - 0.5) * 0.38 for i in range(len(xs))], ys, 0.38, label=label, color=colour)
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + b.get_width() / 2, y, format(y, value_format), ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_xticks(range(len(xs)))
 
 
 def totals(runs, env, n):
@@ -56,22 +56,14 @@ def plot_fig4(rows, path):
         return False
     ns = list(rows)
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    for j, (env, label, colour) in enumerate((("native", "native (N nginx)", "#4c4c4c"),
-                                              ("domus", "Domus (N domains)", "#2b7bba"))):
-        ys = [rows[n][env] or 0 for n in ns]
-        bars = ax.bar([i + (j - 0.5) * 0.38 for i in range(len(ns))], ys, 0.38, label=label, color=colour)
-        for b, y in zip(bars, ys):
-            ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(ns)))
+    pair_bars(ax, ns, [(label, colour, [rows[n][env] or 0 for n in ns])
+                       for env, label, colour in (("native", "native (N nginx)", "#4c4c4c"),
+                                                  ("domus", "Domus (N domains)", "#2b7bba"))], ".0f")
     ax.set_xticklabels(ns)
     ax.set_xlabel("concurrent web servers")
     ax.set_ylabel("aggregate requests/s (wrk)")
     ax.legend(fontsize=8)
-    ax.set_title("Figure 4: concurrent web servers (bench/paper)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
+    return finish(plt, fig, ax, "Figure 4: concurrent web servers (bench/paper)", path)
 
 
 PHASE_NAMES = {"equal": "equal weights", "weighted": "weights 1 to 8"}
@@ -123,11 +115,7 @@ def plot_fig5(rows, path):
     ax.set_xticklabels([f"pg-{i + 1}" for i in range(n)], fontsize=8)
     ax.set_ylabel("pgbench select-only (tps)")
     ax.legend(fontsize=7)
-    ax.set_title(f"Figure 5: {n} domains under pgbench, by CPU weight (bench/paper)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
+    return finish(plt, fig, ax, f"Figure 5: {n} domains under pgbench, by CPU weight (bench/paper)", path)
 
 
 FIG6_UNITS = {"web": "req/s", "pg": "tps"}
@@ -160,24 +148,15 @@ def plot_fig6(rows, path):
         return False
     phases = [p for p in rows if p != "alone"]
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    for j, (k, label, colour) in enumerate((("web", "web (nginx, wrk)", "#2b7bba"),
-                                            ("pg", "PostgreSQL (pgbench -S)", "#6a9f3a"))):
-        ys = [rows[p]["vs_alone"][k] or 0 for p in phases]
-        bars = ax.bar([i + (j - 0.5) * 0.38 for i in range(len(phases))], ys, 0.38, label=label,
-                      color=colour)
-        for b, y in zip(bars, ys):
-            ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+    pair_bars(ax, phases, [(label, colour, [rows[p]["vs_alone"][k] or 0 for p in phases])
+                           for k, label, colour in (("web", "web (nginx, wrk)", "#2b7bba"),
+                                                    ("pg", "PostgreSQL (pgbench -S)", "#6a9f3a"))], ".2f")
     ax.axhline(ISOLATION_TARGET, color="black", linewidth=0.6, linestyle="--")
-    ax.set_xticks(range(len(phases)))
     ax.set_xticklabels(phases, fontsize=8)
     ax.set_xlabel("antisocial domains running")
     ax.set_ylabel("throughput relative to alone")
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("Figure 6: performance isolation (bench/paper)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
+    return finish(plt, fig, ax, "Figure 6: performance isolation (bench/paper)", path)
 
 
 def scal_table(exp, cpus):
@@ -224,11 +203,7 @@ def plot_scal(rows, path):
     ax.set_xlabel("concurrent domains (native: processes), each running sysbench cpu on one vCPU")
     ax.set_ylabel("aggregate throughput, relative to 1")
     ax.legend(fontsize=8)
-    ax.set_title("Scalability (section 4.5, bench/paper)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
+    return finish(plt, fig, ax, "Scalability (section 4.5, bench/paper)", path)
 
 
 def trials_of(name, exp):

@@ -39,7 +39,6 @@ The last four clone one small template domain (multi.py).
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -65,11 +64,6 @@ ENVS = os.environ.get("ENVS", "native,domus,qemu").split(",")
 
 def trials(quick):
     return 1 if quick else int(os.environ.get("TRIALS", "5"))
-
-
-def rotate(xs, i):
-    i %= len(xs)
-    return xs[i:] + xs[:i]
 
 
 @contextlib.contextmanager
@@ -122,7 +116,7 @@ class Run:
             say(f"{name}: keeping {', '.join(f'{len(v)} {k}' for k, v in got.items())} "
                 "trial(s) an earlier nested host finished")
         for t in range(n):
-            for e in rotate(environments, t):
+            for e in envs.rotate(environments, t):
                 if len(got[e.name]) > t:
                     continue
                 with running(e):
@@ -204,12 +198,8 @@ def web(environments, run):
 
     def one(e):
         ip = "127.0.0.1" if e.name == "native" else e.ip
-        r = subprocess.run(workloads.wrk_command(ip, VCPUS, run.quick, script), capture_output=True,
-                           text=True, timeout=600)
-        m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
-        if r.returncode != 0 or m is None:
-            raise RuntimeError(f"{e.name}: wrk failed ({r.returncode}): {r.stdout[-500:]}{r.stderr[-500:]}")
-        return {"web": float(m.group(1))}
+        secs = 5 if run.quick else 20
+        return {"web": workloads.wrk(ip, workloads.WEB_PORT, VCPUS, 8 * VCPUS, secs, script, 600)}
 
     try:
         return run.trials("web", environments, one)
@@ -245,20 +235,6 @@ def machine():
     import platform
     return {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
             "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"}
-
-
-def start(guest, done):
-    """Boots `guest`, again (at most twice more) when it resets on the way:
-    the nested host's triple faults (README, known issues), counted in
-    the results."""
-    for attempt in range(3):
-        try:
-            guest.start()
-            return attempt
-        except envs.Restarted as e:
-            say(f"{guest.name}: the guest reset while booting; booting it again: {e}")
-            done.setdefault("boots_retried", []).append({"env": guest.name, "why": str(e)[:500]})
-    raise RuntimeError(f"{guest.name}: the guest reset in three boots in a row")
 
 
 def heartbeat(dom, what, every=120):
@@ -309,12 +285,12 @@ def measure(out, only, quick):
         # (multi.py): the `paper` domain and QEMU are for the others.
         singles = [x for x in todo if x not in MULTI]
         if singles:
-            start(dom, done)
+            envs.boot(dom, done)
             dom.pause()
         if "qemu" in ENVS and singles:
             q = envs.Qemu(work, key, record, dom.seed(), dom.state, VCPUS, MEMORY_MIB)
             environments.append(q)
-            start(q, done)
+            envs.boot(q, done)
             q.pause()
         run = Run(out, done, quick, work)
         done["machine"] = machine()

@@ -6,6 +6,8 @@ every row into a score relative to native (more is better) either way.
 """
 import os
 import random
+import re
+import subprocess
 
 # Figure 3's rows (the paper's application benchmarks).
 #   key: (label, unit, higher_is_better, stands for)
@@ -88,10 +90,17 @@ def web_stop():
 WRK_SCRIPT = "request = function() return wrk.format(nil, '/p' .. math.random(0, 99) .. '.html') end\n"
 
 
-def wrk_command(ip, vcpus, quick, script):
-    secs = 5 if quick else 20
-    return ["wrk", "-t", str(vcpus), "-c", str(8 * vcpus), "-d", f"{secs}s", "-s", script,
-            f"http://{ip}:{WEB_PORT}/"]
+def wrk(ip, port, threads, connections, secs, script, timeout):
+    """wrk with `script` against the nginx at ip:port; its requests per
+    second."""
+    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{secs}s", "-s", script,
+           f"http://{ip}:{port}/"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
+    if r.returncode != 0 or m is None:
+        raise RuntimeError(f"wrk against {ip}:{port} failed ({r.returncode}): "
+                           f"{r.stdout[-500:]}{r.stderr[-500:]}")
+    return float(m.group(1))
 
 
 # Tables 3-5 (lmbench-style, from `domus-guest osbench`).
