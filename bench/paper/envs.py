@@ -170,7 +170,7 @@ class Domus(Guest):
     def __init__(self, work, key, image, images, vcpus, memory_mib):
         super().__init__(work, key)
         self.state = os.path.join(work, "state")
-        self.image = image
+        self.image, self.images = image, images
         self.cfg = self.config("paper", memory_mib, vcpus)
         self.log = open(os.path.join(work, "daemon.log"), "w")
         # Where snapshots go (multi.py's templates): the daemon saves only
@@ -221,7 +221,7 @@ class Domus(Guest):
         `deadline` (time.monotonic())."""
         while True:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"domain {name} got no lease")
+                raise RuntimeError(f"domain {name} got no lease; {self.evidence()}")
             if not self.running(name):
                 raise Restarted(f"{name}: the guest reset before it got a lease; {self.evidence()}")
             ip = self.lease(name)

@@ -13,6 +13,8 @@ MAC on the daemon's network. systemd-networkd, set up in the template
 before the save, brings the new interface up by DHCP, so each clone gets
 its own lease. Clones an experiment does not need at a moment are paused.
 """
+import hashlib
+import inspect
 import json
 import os
 import re
@@ -74,9 +76,14 @@ class Domain(envs.Guest):
 def template(dom, run):
     """The snapshot this nested host's experiments clone: made on first
     use, kept in `run` (the template domain stays, paused: the clones
-    copy its disk, and its snapshot names it)."""
+    copy its disk, and its snapshot names it), and in the template cache
+    when there is one (an earlier nested host's, restored)."""
     if run.snap:
         return run.snap
+    cached = cache_restore(dom, run)
+    if cached:
+        run.snap = cached
+        return cached
     t = Domain(run.work, dom.key, dom, TEMPLATE, dom.config(TEMPLATE, TEMPLATE_MIB, TEMPLATE_VCPUS))
     envs.boot(t, run.done)
     say(f"{TEMPLATE}: preparing the template")
@@ -85,8 +92,76 @@ def template(dom, run):
     t0 = time.monotonic()
     dom.domus("save", "-p", TEMPLATE, snap)
     say(f"template saved in {time.monotonic() - t0:.0f} s ({snap})")
+    cache_store(dom, run, snap)
     run.snap = snap
     return snap
+
+
+# The template cache (BENCH_TEMPLATE_CACHE, tools/bench-paper's): the
+# template's snapshot and disks, kept outside the nested host. A nested
+# host that dies under the many-domain load takes the template with it,
+# and making it again (boot, database, pages) took 7 to 8 minutes of the
+# next host's life; the next one restores it instead. A snapshot names its
+# disks by absolute path, so the scratch directory has the same path in
+# every host (run.py's `work`).
+def cache_dir():
+    return os.environ.get("BENCH_TEMPLATE_CACHE") or None
+
+
+def cache_inputs(dom, run):
+    """What the cached template was made from: a change to any of it
+    (the image too: its overlay is on the image's disk) makes the
+    template again."""
+    image = os.stat(os.path.join(dom.images, dom.image, "image.json"))
+    text = "\n".join([inspect.getsource(template_prepare), workloads.pg_prepare(False, run.quick),
+                      workloads.web_prepare(), str((TEMPLATE_MIB, TEMPLATE_VCPUS, run.quick)),
+                      str((image.st_mtime_ns, image.st_size))])
+    return {"inputs": hashlib.sha256(text.encode()).hexdigest(), "work": run.work}
+
+
+def template_files(dom, snap):
+    """The files a clone of `snap` reads: the snapshot's own (its state and
+    memory) and the template's overlay and cloud-init seed."""
+    stem = os.path.basename(snap)
+    own = [os.path.join(dom.snaps, f) for f in os.listdir(dom.snaps) if f.startswith(stem)]
+    disks = [os.path.join(dom.state, "overlays", f"{TEMPLATE}{ext}") for ext in (".qcow2", ".seed.img")]
+    return own + disks
+
+
+def cache_store(dom, run, snap):
+    cache = cache_dir()
+    if cache is None:
+        return
+    t0 = time.monotonic()
+    files = template_files(dom, snap)
+    os.makedirs(cache, exist_ok=True)
+    for f in files:
+        subprocess.run(["cp", "--sparse=always", f, os.path.join(cache, os.path.basename(f))], check=True)
+    manifest = dict(cache_inputs(dom, run), snap=snap, files=files)
+    with open(os.path.join(cache, "manifest.json.tmp"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(os.path.join(cache, "manifest.json.tmp"), os.path.join(cache, "manifest.json"))
+    say(f"template kept in {cache} for later nested hosts ({time.monotonic() - t0:.0f} s)")
+
+
+def cache_restore(dom, run):
+    """The cached template's snapshot, its files put back where it names
+    them; None when there is none made from the same inputs."""
+    cache = cache_dir()
+    try:
+        with open(os.path.join(cache or "", "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if {k: manifest.get(k) for k in ("inputs", "work")} != cache_inputs(dom, run):
+        say(f"{cache}: its template was made from other inputs; making it again")
+        return None
+    t0 = time.monotonic()
+    for f in manifest["files"]:
+        os.makedirs(os.path.dirname(f), exist_ok=True)
+        subprocess.run(["cp", "--sparse=always", os.path.join(cache, os.path.basename(f)), f], check=True)
+    say(f"template restored from {cache} (made in an earlier nested host) in {time.monotonic() - t0:.0f} s")
+    return manifest["snap"]
 
 
 def template_prepare(t, quick):
@@ -138,12 +213,15 @@ def start_clones(dom, run, n, prefix, pause=False):
     except RuntimeError as e:
         raise RuntimeError(f"{e}\n{dom.evidence()}") from None
     clones = [Domain(run.work, dom.key, dom, f"{prefix}-{i}") for i in range(1, n + 1)]
-    # The nested host's emulated CPUs bring N guests' networks up in turn.
-    deadline = time.monotonic() + 120 + 20 * n
+    # The nested host's emulated CPUs share out N clones' bring-up (the new
+    # interface, networkd, DHCP: about 45 s of vCPU time each there, so 8
+    # clones on 2 CPUs took over 280 s).
+    deadline = time.monotonic() + 120 + 60 * n
     for c in clones:
         for attempt in range(REPLACEMENTS + 1):
             try:
                 c.up(deadline)
+                say(f"{c.name}: up at {c.ip} after {time.monotonic() - t0:.0f} s")
                 break
             except envs.Restarted as e:
                 # The nested host's triple faults (README, known issues):

@@ -272,10 +272,28 @@ def measure(out, only, quick):
     # The domains' disks live here, and on a tmpfs the pages a VMM writes
     # into them are charged to its memory cgroup (maxmem + 64 MiB) and
     # cannot be reclaimed: a domain that writes its disk is killed.
-    work = tempfile.mkdtemp(prefix="domus-bench-paper-", dir=os.environ.get("BENCH_WORK_DIR") or None)
+    cache = multi.cache_dir()
+    if cache:
+        # The same path in every nested host: the cached template's
+        # snapshot names its disks in it (multi.py's template cache).
+        work = os.path.join(os.environ.get("BENCH_WORK_DIR") or tempfile.gettempdir(), "domus-bench-paper")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+    else:
+        work = tempfile.mkdtemp(prefix="domus-bench-paper-", dir=os.environ.get("BENCH_WORK_DIR") or None)
     os.chmod(work, 0o755)  # native's workloads run as postgres and nginx's user too
     key = os.path.join(work, "id")
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+    if cache and os.path.exists(os.path.join(cache, "id")):
+        # The key the cached template's guest lets in.
+        for f in ("id", "id.pub"):
+            shutil.copy(os.path.join(cache, f), os.path.join(work, f))
+        os.chmod(key, 0o600)
+    else:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        if cache:
+            os.makedirs(cache, exist_ok=True)
+            for f in ("id", "id.pub"):
+                shutil.copy(os.path.join(work, f), os.path.join(cache, f))
     environments = []
     try:
         native = envs.Native(work, VCPUS)
