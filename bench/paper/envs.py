@@ -151,11 +151,16 @@ class Guest:
             if benchlib.ssh_banner(self.ip, min(deadline, time.monotonic() + 5)):
                 break
         while time.monotonic() < deadline:
-            r = subprocess.run(["ssh", *self.ssh_args(), f"debian@{self.ip}", "true"],
-                               capture_output=True, text=True, timeout=60)
-            if r.returncode == 0:
+            try:
+                r = subprocess.run(["ssh", *self.ssh_args(), f"debian@{self.ip}", "true"],
+                                   capture_output=True, text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                r = None  # a login that hung: a guest that reset under it, or a slow one
+            if r is not None and r.returncode == 0:
                 self.put(HELPER, "domus-guest")
                 return
+            if not self.alive():
+                raise Restarted(f"{self.name}: the guest reset before its SSH login; {self.evidence()}")
             time.sleep(2)
         raise RuntimeError(f"{self.name}: no SSH login within {UP_TIMEOUT_S} s")
 
