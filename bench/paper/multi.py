@@ -242,7 +242,7 @@ def start_clones(dom, run, n, prefix, pause=False):
 def replace(dom, run, snap, name):
     """Destroys clone `name` and makes it again from the snapshot (a
     configuration of only its name and `clone`)."""
-    dom.domus("destroy", name, check=False)
+    drop(dom, name)
     cfg = os.path.join(run.work, f"{name}.cfg")
     with open(cfg, "w") as f:
         f.write(f"name = '{name}'\nclone = '{snap}'\n")
@@ -252,10 +252,20 @@ def replace(dom, run, snap, name):
         raise RuntimeError(f"{e}\n{dom.evidence()}") from None
 
 
+def drop(dom, name):
+    """Destroys clone `name` and removes its disk copy, which `domus
+    destroy` keeps (and `domus clone` never writes over)."""
+    dom.domus("destroy", name, check=False)
+    try:
+        os.remove(os.path.join(dom.state, "overlays", f"{TEMPLATE}-{name}.qcow2"))
+    except FileNotFoundError:
+        pass
+
+
 def destroy(dom, prefix, n):
-    """Destroys clones PREFIX-1 to PREFIX-N, whichever exist."""
+    """Drops clones PREFIX-1 to PREFIX-N, whichever exist."""
     for i in range(1, n + 1):
-        dom.domus("destroy", f"{prefix}-{i}", check=False)
+        drop(dom, f"{prefix}-{i}")
 
 
 def at_once(fns):
