@@ -5,9 +5,9 @@ A Debian guest takes minutes to boot in the nested host, so N domains are
 not N cold boots: a domain `multi` of the image (TEMPLATE_MIB, one vCPU:
 the paper's many-domain runs gave each domain one CPU, and admission
 counts each clone's maxmem, so a small one lets the nested host hold many)
-boots once per nested host, is prepared for every workload here
-(PostgreSQL's database, an nginx of our own), and is saved paused
-(`domus save -p`). Each experiment then starts its domains with `domus
+boots once, is prepared for every workload here (PostgreSQL's database, an
+nginx of our own), and is saved paused (`domus save -p`); the template
+cache below keeps it for the run's later nested hosts. Each experiment then starts its domains with `domus
 clone`, each with its own name, disk copy and a new interface with a new
 MAC on the daemon's network. systemd-networkd, set up in the template
 before the save, brings the new interface up by DHCP, so each clone gets
