@@ -235,8 +235,10 @@ def summarize(lines, seconds):
     return summary
 
 
-def capture(pid, console, dest):
-    """What a stalled VMM is doing, before it is killed."""
+def capture(pid, console, dest, rings=None):
+    """What a stalled VMM is doing, before it is killed. `rings`: the
+    findings of its virtio rings (the `findings` of the rings.json that the
+    guest tests write from GET /v1/domain/rings)."""
     os.makedirs(dest, exist_ok=True)
     before = threads(pid)
     t0 = timer_ticks()
@@ -247,7 +249,8 @@ def capture(pid, console, dest):
     grew = {t["tid"]: t["ticks"] for t in before}
     for t in after:
         t["ticks_in_1s"] = t["ticks"] - grew.get(t["tid"], t["ticks"])
-    info = {"threads": after, "timer_ticks": [t0, t1], "host_ticking": ticking}
+    info = {"threads": after, "timer_ticks": [t0, t1], "host_ticking": ticking,
+            "rings": rings or []}
     # Tracing a host whose timers have stopped can finish it off.
     if ticking:
         info["trace"] = trace_exits(2, os.path.join(dest, "kvm_exit.trace"),
@@ -265,12 +268,37 @@ def is_vcpu(comm):
 
 
 def verdict(info):
-    """Tells a platform stall from one the VMM could cause. The platform's
-    known failure (QEMU TCG's nested SVM, tools/NOTES.md) is a vCPU looping
-    inside KVM_RUN on nested page faults at one guest RIP while an exception
-    is being delivered, with no exit reaching the VMM. A vCPU blocked in the
-    VMM, or exits that reach it, point at the VMM; every vCPU halted with no
-    exits may be either (a guest waiting for a device's interrupt)."""
+    """Tells a platform stall from one the VMM could cause, first from the
+    threads and the kvm_exit trace, then from the virtio rings when those
+    left it unclear."""
+    v = thread_verdict(info)
+    if v.startswith(("platform:", "vmm:", "exits reach")):
+        return v
+    return ring_verdict(info.get("rings") or []) or v
+
+
+def ring_verdict(findings):
+    """A guest that waits on a device it never hears from: the rings say
+    whose fault it is (domus_api::rings). A used index past the driver's
+    event index with no interrupt sent since is the VMM's; an interrupt
+    sent on an unmasked, routed vector that the guest never handled was
+    lost between the irqfd and the guest, below Domus."""
+    owed = [f["text"] for f in findings if f["kind"] == "owed"]
+    if owed:
+        return "vmm: a device owes the guest an interrupt: " + "; ".join(owed)
+    lost = [f["text"] for f in findings if f["kind"] == "not_handled"]
+    if lost:
+        return "platform: the guest never handled an interrupt the VMM sent: " + "; ".join(lost)
+    return None
+
+
+def thread_verdict(info):
+    """The platform's known failure (QEMU TCG's nested SVM, tools/NOTES.md)
+    is a vCPU looping inside KVM_RUN on nested page faults at one guest RIP
+    while an exception is being delivered, with no exit reaching the VMM. A
+    vCPU blocked in the VMM, or exits that reach it, point at the VMM; every
+    vCPU halted with no exits may be either (a guest waiting for a device's
+    interrupt)."""
     vcpus = [t for t in info["threads"] if is_vcpu(t["comm"])]
     if not vcpus:
         return "no vCPU threads"
@@ -431,12 +459,15 @@ def cmd_boots(a):
 
 def cmd_capture(a):
     console = open(a.console, errors="replace").readlines() if a.console else []
-    info = capture(a.pid, console, a.dir)
+    rings = json.load(open(a.rings))["findings"] if a.rings else None
+    info = capture(a.pid, console, a.dir, rings)
     # Each thread's exits, so that a log that outlives the capture still
     # shows which vCPU did what.
     for task, t in ((info.get("trace") or {}).get("threads") or {}).items():
         print(f"soak: {task}: {t['kvm_exits']} exits {t['reasons']}, top rips {t['rips']}, "
               f"{t['in_delivery']} in delivery, {t['userspace_exits']} to the VMM")
+    for f in info["rings"]:
+        print(f"soak: rings: {f['kind']}: {f['text']}")
     print(f"soak: captured in {a.dir}\nverdict: {info['verdict']}")
 
 
@@ -552,6 +583,7 @@ def main():
     c.add_argument("pid", type=int)
     c.add_argument("dir")
     c.add_argument("--console", help="a file with the console's output")
+    c.add_argument("--rings", help="the rings.json the guest tests write (GET /v1/domain/rings)")
     s = sub.add_parser("summary")
     s.add_argument("--out", help="where results.json and results.md go (default: the first DIR)")
     s.add_argument("dirs", nargs="+")

@@ -187,6 +187,11 @@ impl VmmClient {
         self.conn.call::<(), _>("GET", "/v1/devices", None)
     }
 
+    /// Every virtio queue's rings, last interrupt and vector.
+    pub fn rings(&self) -> Result<Vec<crate::rings::RingInfo>, ClientError> {
+        self.conn.call::<(), _>("GET", "/v1/domain/rings", None)
+    }
+
     /// Types `text` at the serial console.
     pub fn console_input(&self, text: &str) -> Result<ConsoleTaken, ClientError> {
         self.conn.call(

@@ -19,6 +19,8 @@
 //!   before it is trusted.
 //! - [`migration`]: the live-migration stream between a source and a
 //!   destination VMM, which the daemons relay (docs/migration.md).
+//! - [`rings`]: the virtio queues' state a VMM reports for a stalled
+//!   guest (`GET /v1/domain/rings`), and what it says.
 //! - [`openapi`]: checks of both documents' schemas against these types.
 
 pub mod client;
@@ -27,6 +29,7 @@ pub mod domain;
 pub mod image;
 pub mod migration;
 pub mod openapi;
+pub mod rings;
 pub mod snapshot;
 pub mod spec;
 pub mod vmm;

@@ -170,7 +170,7 @@ fn debian_systemd_guest_boots_with_no_failed_unit_and_powers_off_on_the_button()
             Err(mpsc::RecvTimeoutError::Timeout) => panic!(
                 "the console was silent for {SILENCE_S} s ({:.0} s into the boot)\n{}\nconsole:\n{}",
                 start.elapsed().as_secs_f64(),
-                common::stall_report(vmm.0.id(), &dir, &console.join("\n")),
+                common::stall_report(vmm.0.id(), &dir, &console.join("\n"), None),
                 tail(&console)
             ),
             Err(mpsc::RecvTimeoutError::Disconnected) => {

@@ -17,6 +17,7 @@ pub mod msix;
 pub mod net;
 pub mod pci;
 pub mod ratelimit;
+pub mod rings;
 pub mod rng;
 pub mod vsock;
 

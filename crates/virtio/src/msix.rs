@@ -11,9 +11,11 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use domus_api::rings::VectorInfo;
 use domus_devices::bus::lock;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::rings::Signals;
 use crate::Hypervisor;
 
 /// "No vector" in the common config's vector registers.
@@ -61,6 +63,8 @@ pub struct Msix {
     function_masked: bool,
     vectors: Vec<Vector>,
     hv: Arc<dyn Hypervisor>,
+    /// Interrupts sent on each vector (for `GET /v1/domain/rings`).
+    fired: Vec<u64>,
 }
 
 impl Msix {
@@ -85,6 +89,7 @@ impl Msix {
                 n
             ],
             routed: vec![None; n],
+            fired: vec![0; n],
             pending: 0,
             enabled: false,
             function_masked: false,
@@ -141,9 +146,25 @@ impl Msix {
 
     fn fire(&mut self, v: usize) {
         self.route(v);
-        if let Some(Err(e)) = self.vectors.get(v).map(|x| x.irqfd.write(1)) {
-            crate::warn("msix", format_args!("signalling vector {v}: {e}"));
+        match self.vectors.get(v).map(|x| x.irqfd.write(1)) {
+            Some(Ok(())) => self.fired[v] += 1,
+            Some(Err(e)) => crate::warn("msix", format_args!("signalling vector {v}: {e}")),
+            None => {}
         }
+    }
+
+    /// Vector `v` as `GET /v1/domain/rings` shows it; None if out of range.
+    pub fn vector_info(&self, v: u16) -> Option<VectorInfo> {
+        let i = usize::from(v);
+        let e = self.entries.get(i)?;
+        Some(VectorInfo {
+            index: v,
+            enabled: self.enabled && !self.function_masked,
+            masked: e.masked(),
+            pending: self.pending & (1 << i) != 0,
+            fired: self.fired[i],
+            routed: self.routed[i] == Some(e.message()),
+        })
     }
 
     /// The irqfd of vector `v`, with its route programmed now, for a backend
@@ -308,6 +329,7 @@ pub struct Interrupt {
     queue_vectors: Arc<Vec<u16>>,
     config_vector: u16,
     isr: Arc<AtomicU8>,
+    signals: Option<Arc<Signals>>,
 }
 
 impl Interrupt {
@@ -322,11 +344,21 @@ impl Interrupt {
             queue_vectors: Arc::new(queue_vectors),
             config_vector,
             isr,
+            signals: None,
         }
+    }
+
+    /// The same, recording each queue interrupt's used index in `signals`.
+    pub fn with_signals(mut self, signals: Arc<Signals>) -> Self {
+        self.signals = Some(signals);
+        self
     }
 
     /// The driver has used buffers to look at on queue `q`.
     pub fn queue(&self, q: usize) {
+        if let Some(s) = &self.signals {
+            s.record(q);
+        }
         self.isr.fetch_or(ISR_QUEUE, Ordering::SeqCst);
         let v = self.queue_vectors.get(q).copied().unwrap_or(NO_VECTOR);
         lock(&self.msix).trigger(v);
@@ -408,6 +440,32 @@ pub mod tests {
         // Same message again: no new route.
         m.trigger(1);
         assert_eq!(lock(&hv.routes).len(), 1);
+    }
+
+    #[test]
+    fn vector_info_counts_what_was_sent_and_how_it_stands() {
+        let hv = Arc::new(FakeHv::default());
+        let mut m = Msix::new(vectors(2), hv);
+        m.set_control(true, false);
+        program(&mut m, 1, 0xfee0_0000, 0x41, false);
+        m.trigger(1);
+        m.trigger(1);
+        let v = m.vector_info(1).unwrap();
+        assert_eq!(
+            (v.fired, v.masked, v.pending, v.routed),
+            (2, false, false, true)
+        );
+        // Masked, then a new message: held back, and not routed as written.
+        m.table_write(16 + 12, &1u32.to_le_bytes());
+        program(&mut m, 1, 0xfee0_1000, 0x42, true);
+        m.trigger(1);
+        let v = m.vector_info(1).unwrap();
+        assert_eq!(
+            (v.fired, v.masked, v.pending, v.routed),
+            (2, true, true, false)
+        );
+        assert_eq!(m.vector_info(0).map(|v| v.fired), Some(0));
+        assert_eq!(m.vector_info(NO_VECTOR), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::msix::{self, Interrupt, Msix, MsixState, Vector, NO_VECTOR};
+use crate::rings::Signals;
 use crate::{Activation, ActiveQueue, DeviceState, Hypervisor, Memory, VirtioDevice};
 
 pub const VENDOR_VIRTIO: u16 = 0x1af4;
@@ -108,6 +109,8 @@ pub struct VirtioPci {
     mem: Arc<Memory>,
     hv: Arc<dyn Hypervisor>,
     live: Option<Live>,
+    /// The used index at each queue's last interrupt, while live.
+    signals: Option<Arc<Signals>>,
 }
 
 /// `len` bytes of a little-endian value.
@@ -199,6 +202,7 @@ impl VirtioPci {
             mem,
             hv,
             live: None,
+            signals: None,
         }
     }
 
@@ -379,13 +383,22 @@ impl VirtioPci {
                 event,
             });
         }
+        let used_rings = self.common.queues.iter();
+        let signals = Arc::new(Signals::new(
+            self.mem.clone(),
+            used_rings
+                .map(|q| q.ready().then(|| q.used_ring()))
+                .collect(),
+        ));
         let interrupt = Interrupt::new(
             self.msix.clone(),
             self.common.queue_vectors.clone(),
             self.common.msix_config,
             self.isr.clone(),
-        );
+        )
+        .with_signals(signals.clone());
         self.live = Some(live);
+        self.signals = Some(signals);
         self.device
             .activate(Activation {
                 mem: self.mem.clone(),
@@ -398,6 +411,7 @@ impl VirtioPci {
 
     fn reset(&mut self) {
         self.device.reset();
+        self.signals = None;
         if let Some(live) = self.live.take() {
             for (_, fd, addr) in live.events {
                 if let Some(a) = addr {
@@ -471,6 +485,23 @@ pub struct VirtioPciState {
 }
 
 impl VirtioPci {
+    /// Each live queue's rings, last interrupt and vector, as
+    /// `GET /v1/domain/rings` reports them under the device id `id`.
+    pub fn rings(&self, id: &str) -> Vec<domus_api::rings::RingInfo> {
+        let Some(signals) = &self.signals else {
+            return Vec::new();
+        };
+        crate::rings::report(
+            id,
+            &self.mem,
+            &self.common.queues,
+            &self.common.queue_vectors,
+            self.common.driver_features & crate::VIRTIO_RING_F_EVENT_IDX != 0,
+            &lock(&self.msix),
+            Some(signals),
+        )
+    }
+
     /// See [`VirtioDevice::release_host`] (after [`VirtioPci::quiesce`]).
     pub fn release_host(&mut self) {
         self.device.release_host();
@@ -493,6 +524,7 @@ impl VirtioPci {
     pub fn quiesce(&mut self) -> DeviceState {
         let kept = self.device.state();
         self.device.reset();
+        self.signals = None;
         if let Some(live) = self.live.take() {
             for (_, fd, addr) in live.events {
                 if let Some(a) = addr {

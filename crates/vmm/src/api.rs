@@ -1,7 +1,7 @@
 //! The per-domain REST API (`domus run --api-socket PATH`): domain info and
 //! state, pause and resume, the ACPI power button, input to the serial
 //! console, device counters and rate limits, disk and interface hot-plug,
-//! the balloon.
+//! the balloon, and the virtio queues' state for diagnosing a stalled guest.
 //!
 //! The routes are listed once, in [`ROUTES`]; the dispatcher matches
 //! against that list and a unit test checks it against the committed
@@ -48,6 +48,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domain/snapshot"),
     ("PUT", "/v1/domain/migrate"),
     ("GET", "/v1/domain/migration"),
+    ("GET", "/v1/domain/rings"),
     ("DELETE", "/v1/domain/migration"),
     ("GET", "/v1/devices"),
     ("POST", "/v1/devices"),
@@ -397,6 +398,7 @@ impl Domain {
                 }
                 ok(&*lock(&m.status))
             }),
+            "/v1/domain/rings" => Ok(ok(&self.rings())),
             "/v1/devices" if req.method == "POST" => self.plug(req),
             "/v1/devices" => Ok(ok(&lock(&self.devices)
                 .iter()
@@ -416,6 +418,19 @@ impl Domain {
 }
 
 impl Domain {
+    /// `GET /v1/domain/rings`: every live virtio queue. The device list is
+    /// let go before a transport is locked (a vCPU may hold one).
+    fn rings(&self) -> Vec<domus_api::rings::RingInfo> {
+        let functions: Vec<_> = lock(&self.devices)
+            .iter()
+            .filter_map(|d| Some((d.id.clone(), d.function.as_ref()?.transport.clone())))
+            .collect();
+        functions
+            .iter()
+            .flat_map(|(id, t)| lock(t).rings(id))
+            .collect()
+    }
+
     /// `PUT /v1/domain/console`: the text into the serial port's receive
     /// FIFO, as fast as the guest reads it, for a second at most.
     fn console_input(&self, req: &Request) -> Result<Response, Response> {

@@ -55,6 +55,34 @@ fn the_openapi_schemas_match_the_api_types() {
         &[sample(&limited)],
         false,
     );
+    let vector = domus_api::rings::VectorInfo {
+        index: 1,
+        enabled: true,
+        masked: false,
+        pending: false,
+        fired: 3,
+        routed: true,
+    };
+    let ring = |signalled_at, vector| domus_api::rings::RingInfo {
+        device: "net0".into(),
+        queue: 0,
+        size: 256,
+        event_idx: true,
+        avail_idx: 1,
+        avail_flags: 0,
+        used_event: 1,
+        used_idx: 1,
+        used_flags: 0,
+        avail_event: 1,
+        signalled_at,
+        vector,
+    };
+    let rings = [
+        sample(&ring(Some(1), Some(vector.clone()))),
+        sample(&ring(None, None)),
+    ];
+    check_schema(&doc, "Ring", &schemas["Ring"], &rings, true);
+    check_schema(&doc, "Vector", &schemas["Vector"], &[sample(&vector)], true);
     let saved = SnapshotInfo {
         memory_bytes: 1,
         pages_stored: 1,

@@ -78,9 +78,11 @@ impl Running {
     /// Starts `cmd` (a `domus run` of a domain whose agent has CID `cid`)
     /// and, if `wait`, waits until its agent answers.
     pub(crate) fn spawn(mut cmd: Command, cid: u32, wait: bool) -> Running {
+        let api = crate::api_socket_of(&cmd);
         let child = cmd.spawn().expect("spawning domus run");
         let pid = child.id();
-        let done = std::thread::spawn(move || supervise(child, |_| {}));
+        let watched = api.clone();
+        let done = std::thread::spawn(move || supervise(child, watched, |_| {}));
         // The guest's whole budget, as for TestVm::run: past it the console
         // reader's watchdog captures the VMM (a stall report) and kills it.
         let budget = Duration::from_secs(GUEST_TIMEOUT_S.into());
@@ -88,6 +90,7 @@ impl Running {
         agent.timeout = budget;
         let mut vm = Running {
             pid,
+            api,
             agent,
             done: Some(done),
         };
@@ -150,6 +153,8 @@ pub(crate) fn wait_restored(
 /// A booted domain with its agent.
 pub(crate) struct Running {
     pid: u32,
+    /// Its API socket, if it serves one (read by a stall report).
+    api: Option<PathBuf>,
     agent: Client,
     done: Option<std::thread::JoinHandle<Run>>,
 }
@@ -221,7 +226,7 @@ impl Running {
         let report = if running {
             let dir = std::env::temp_dir().join(format!("domus-test-stall-{}", self.pid));
             let _ = std::fs::create_dir_all(&dir);
-            common::stall_report(self.pid, &dir, "")
+            common::stall_report(self.pid, &dir, "", self.api.as_deref())
         } else {
             String::new()
         };

@@ -51,6 +51,22 @@ fn api_pauses_resumes_counts_and_changes_limits() {
     assert_eq!(d.kind, "block");
     assert!(d.counter("write_bytes") >= 4 << 20, "{d:?}");
     assert!(d.counter("write_ops") >= 4, "{d:?}");
+    // The rings of a guest at rest: the disk's queue moved, its device
+    // interrupted the guest on a routed, unmasked vector, and no queue is
+    // owed an interrupt or has one left unhandled.
+    let rings = vmm.rings().unwrap();
+    let disk: Vec<_> = rings.iter().filter(|r| r.device == "vda").collect();
+    assert!(!disk.is_empty(), "{rings:?}");
+    for q in &disk {
+        assert!(q.event_idx && q.signalled_at.is_some(), "{q:?}");
+        let v = q.vector.as_ref().expect("a vector");
+        assert!(v.enabled && v.routed && !v.masked && v.fired > 0, "{q:?}");
+    }
+    let moved: u32 = disk.iter().map(|q| u32::from(q.used_idx)).sum();
+    assert!(moved >= 4, "{disk:?}");
+    let again = vmm.rings().unwrap();
+    let findings = domus_api::rings::stable_findings(&rings, &again);
+    assert!(findings.is_empty(), "{findings:?}\n{again:?}");
     let limit = |d: &domus_api::vmm::DeviceInfo| d.rate_limit.unwrap_or_default();
     assert_eq!(limit(&d).bandwidth, Some(64 << 20));
     // Bad requests: a 4xx with a message, and nothing changes.

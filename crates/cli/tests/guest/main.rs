@@ -25,6 +25,7 @@ mod snapshot;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 struct Kit {
@@ -159,13 +160,21 @@ impl TestVm {
     }
 
     /// The `domus run` command, not started: stdin from /dev/null, stdout
-    /// (the console) and stderr piped.
+    /// (the console) and stderr piped. It serves its API on a socket of
+    /// its own unless the test gave one, so that a stall report can read
+    /// its rings (common::stall_report).
     fn command(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_domus"));
+        c.arg("run");
+        if !self.args.iter().any(|a| a == "--api-socket") {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let sock = format!("domus-test-{}-{n}.sock", std::process::id());
+            c.arg("--api-socket").arg(std::env::temp_dir().join(sock));
+        }
         // Every guest test runs its VMM under the seccomp filter, as the
         // daemon does.
-        c.arg("run")
-            .arg("--seccomp")
+        c.arg("--seccomp")
             .arg("--kernel")
             .arg(&self.kernel)
             .arg("--initrd")
@@ -193,13 +202,27 @@ impl TestVm {
     /// it arrives, so the test can act on the running domain (through its
     /// API).
     fn run_watching(&self, on_line: impl FnMut(&str)) -> Run {
-        supervise(self.command().spawn().expect("spawning domus run"), on_line)
+        let cmd = &mut self.command();
+        let api = api_socket_of(cmd);
+        supervise(cmd.spawn().expect("spawning domus run"), api, on_line)
     }
 }
 
-/// Follows a started `domus run` to its end, handing each console line
-/// (trimmed) to `on_line` as it arrives.
-fn supervise(mut child: std::process::Child, mut on_line: impl FnMut(&str)) -> Run {
+/// The `--api-socket` a `domus run` command was given.
+fn api_socket_of(cmd: &Command) -> Option<PathBuf> {
+    let mut args = cmd.get_args();
+    args.find(|a| *a == "--api-socket")?;
+    args.next().map(PathBuf::from)
+}
+
+/// Follows a started `domus run` (serving its API on `api`, if it does) to
+/// its end, handing each console line (trimmed) to `on_line` as it
+/// arrives.
+fn supervise(
+    mut child: std::process::Child,
+    api: Option<PathBuf>,
+    mut on_line: impl FnMut(&str),
+) -> Run {
     // A hung guest fails its test instead of hanging the run: after
     // GUEST_TIMEOUT_S the VMM is captured (common::stall_report) and killed,
     // and the run reports status 124, as coreutils' timeout would.
@@ -212,7 +235,7 @@ fn supervise(mut child: std::process::Child, mut on_line: impl FnMut(&str)) -> R
         }
         let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
         let _ = std::fs::create_dir_all(&dir);
-        let report = common::stall_report(pid, &dir, "");
+        let report = common::stall_report(pid, &dir, "", api.as_deref());
         // SAFETY: kill(2) on the child's pid, not yet reaped (the test waits
         // for it only after its console closes); no memory is involved.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };

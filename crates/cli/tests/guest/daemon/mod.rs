@@ -328,7 +328,8 @@ fn expect_console(state: &std::path::Path, dom: &str, needle: &str, times: usize
         Some(pid) => {
             let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
             let _ = std::fs::create_dir_all(&dir);
-            crate::common::stall_report(pid as u32, &dir, &shown)
+            let api = state.join(format!("domains/{}/api.sock", d.id));
+            crate::common::stall_report(pid as u32, &dir, &shown, Some(&api))
         }
         None => format!("domus-test: domain {dom} has no VMM running"),
     };
