@@ -31,8 +31,8 @@ use std::sync::Mutex;
 use domus_api::domain::{PortRange, Vif};
 
 /// The verdicts each interface counts (packets), in the order shown.
-pub const KINDS: [&str; 8] = [
-    "passed", "mac", "ip", "arp", "ip6", "other", "port", "isolated",
+pub const KINDS: [&str; 9] = [
+    "passed", "mac", "ip", "arp", "ip6", "dhcp", "other", "port", "isolated",
 ];
 
 /// Packets by tap and verdict ([`KINDS`]), as [`Firewall::counters`]
@@ -356,6 +356,16 @@ fn apply_script(t: &str, p: &Policy) -> String {
     }
     out.push(format!("ether type arp {pass}"));
     if p.v4 != V4::Any {
+        // A DHCP request names its client by MAC in the BOOTP header
+        // (chaddr, 28 bytes into the UDP payload): one for another MAC
+        // would take that domain's lease, or drain the pool. (A domain
+        // that relays DHCP for others needs an interface with no IPv4
+        // policy, on a bridge of the user's.)
+        let chaddr = mac.replace(':', "");
+        out.push(format!(
+            "ether type ip udp dport 67 @th,288,48 != 0x{chaddr} {}",
+            drop("dhcp")
+        ));
         // A DHCP client before it has an address.
         out.push(format!(
             "ether type ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 {pass}"

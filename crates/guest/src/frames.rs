@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 /// What each test frame is, by its marker.
-pub const KINDS: [&str; 5] = ["legit", "mac", "ip", "arp", "ip6"];
+pub const KINDS: [&str; 6] = ["legit", "mac", "ip", "arp", "ip6", "dhcp"];
 
 /// The marker a frame of `kind` carries.
 fn marker(kind: &str) -> Vec<u8> {
@@ -50,6 +50,41 @@ fn checksum(b: &[u8]) -> u16 {
 
 /// A broadcast UDP datagram (port 9, discard) from `mac`/`ip`.
 fn udp(mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+    udp_ports(mac, src, dst, (9, 9), payload)
+}
+
+/// A DHCPDISCOVER from `mac` on behalf of `client` (its `chaddr`), from
+/// 0.0.0.0 port 68 to the broadcast address port 67, with the marker of
+/// `kind` in the BOOTP header's file name.
+fn dhcp_discover(mac: [u8; 6], client: [u8; 6], kind: &str) -> Vec<u8> {
+    // op, htype, hlen, hops, xid, secs, flags; ciaddr, yiaddr, siaddr,
+    // giaddr; chaddr (16 bytes); sname (64); file (128).
+    let mut b = vec![1, 1, 6, 0, 0xd0, 0x0a, 0x05, 0x01, 0, 0, 0x80, 0];
+    b.extend_from_slice(&[0; 16]);
+    b.extend_from_slice(&client);
+    b.extend_from_slice(&[0; 10 + 64]);
+    let mut file = marker(kind);
+    file.resize(128, 0);
+    b.extend_from_slice(&file);
+    // The magic cookie, DHCP message type 1 (discover), end.
+    b.extend_from_slice(&[99, 130, 83, 99, 53, 1, 1, 255]);
+    udp_ports(
+        mac,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::BROADCAST,
+        (68, 67),
+        &b,
+    )
+}
+
+/// A broadcast UDP datagram from `mac`/`src`, ports (source, destination).
+fn udp_ports(
+    mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ports: (u16, u16),
+    payload: &[u8],
+) -> Vec<u8> {
     let mut f = ether(BROADCAST, mac, 0x0800);
     let total = (20 + 8 + payload.len()) as u16;
     let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0];
@@ -59,8 +94,8 @@ fn udp(mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
     let c = checksum(&ip);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
     f.extend_from_slice(&ip);
-    f.extend_from_slice(&9u16.to_be_bytes());
-    f.extend_from_slice(&9u16.to_be_bytes());
+    f.extend_from_slice(&ports.0.to_be_bytes());
+    f.extend_from_slice(&ports.1.to_be_bytes());
     f.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
     f.extend_from_slice(&[0, 0]);
     f.extend_from_slice(payload);
@@ -70,8 +105,9 @@ fn udp(mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
 /// The test frames, by kind, from an interface whose MAC is `mac` and
 /// address `ip`: `legit` as it should be; `mac` from another MAC; `ip`
 /// from `victim`'s address; `arp` a reply claiming `victim`'s address for
-/// this MAC; `ip6` an IPv6 packet. All broadcast, so every port of a bridge
-/// and the host get what passes.
+/// this MAC; `ip6` an IPv6 packet; `dhcp` a DHCPDISCOVER for another MAC
+/// (what would take another domain's lease, or drain the pool). All
+/// broadcast, so every port of a bridge and the host get what passes.
 pub fn test_frames(mac: [u8; 6], ip: Ipv4Addr, victim: Ipv4Addr) -> Vec<(&'static str, Vec<u8>)> {
     let dst = Ipv4Addr::BROADCAST;
     let other_mac = [0x52, 0x54, 0x00, 0xde, 0xad, 0x01];
@@ -96,6 +132,7 @@ pub fn test_frames(mac: [u8; 6], ip: Ipv4Addr, victim: Ipv4Addr) -> Vec<(&'stati
         ("ip", udp(mac, victim, dst, &marker("ip"))),
         ("arp", arp),
         ("ip6", ip6),
+        ("dhcp", dhcp_discover(mac, other_mac, "dhcp")),
     ]
 }
 

@@ -51,6 +51,10 @@ fn scripts_hold_each_rule_once_and_remove_what_they_add() {
         "an empty udp= allows no port: {s}"
     );
     assert!(s.contains("ether type ip6 counter name dmab1n0_ip6 drop"));
+    assert!(
+        s.contains("udp dport 67 @th,288,48 != 0x525400aa0001 counter name dmab1n0_dhcp drop"),
+        "{s}"
+    );
     assert!(s.contains("delete element bridge domus_ab12 fwd_out { \"dmab1n0\" }"));
     let r = remove_script(t, "dmab1n0");
     for c in ["out", "in", "fwd_out", "fwd_in"] {
@@ -150,13 +154,13 @@ fn hostile_frames_stop_at_the_bridge_and_legitimate_ones_pass() {
         let (at_b, at_host) = exchange(ns, victim);
         for (name, c) in [("domain B", &at_b), ("the host", &at_host)] {
             assert_eq!(seen(c, "legit"), 1, "{name} saw {c:?}");
-            for k in ["mac", "ip", "arp", "ip6"] {
+            for k in ["mac", "ip", "arp", "ip6", "dhcp"] {
                 assert_eq!(seen(c, k), 0, "{name} got a {k}-spoofed frame: {c:?}");
             }
         }
         let counts = vfr.counters();
         let ca = &counts["dmt1na"];
-        for k in ["mac", "ip", "arp", "ip6"] {
+        for k in ["mac", "ip", "arp", "ip6", "dhcp"] {
             assert!(ca[k] >= 1, "{k} drops not counted: {ca:?}");
         }
         assert!(ca["passed"] >= 1);

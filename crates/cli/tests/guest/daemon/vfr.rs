@@ -1,6 +1,7 @@
 //! The virtual firewall-router with real domains on the daemon's default
 //! network: a domain that sends frames with a spoofed MAC, a spoofed
-//! source address, a forged ARP reply and IPv6 reaches neither the other
+//! source address, a forged ARP reply, a DHCP request for another MAC and
+//! IPv6 reaches neither the other
 //! domain nor the host with any of them (checked where they would arrive),
 //! its drop counters rise, and its legitimate traffic flows; `isolated=1`
 //! cuts domain-to-domain traffic, not domain-to-host; `tcp=` lets new
@@ -144,7 +145,7 @@ fn the_vfr_stops_spoofed_frames_isolates_and_keeps_its_rules_in_line() {
             seen(report, "legit") >= 1,
             "{who} missed a's legitimate frame: {report}"
         );
-        for k in ["mac", "ip", "arp", "ip6"] {
+        for k in ["mac", "ip", "arp", "ip6", "dhcp"] {
             assert_eq!(
                 seen(report, k),
                 0,
@@ -153,10 +154,10 @@ fn the_vfr_stops_spoofed_frames_isolates_and_keeps_its_rules_in_line() {
         }
     }
     let net = &interfaces(&state, "a")[0];
-    for k in ["vfr_mac", "vfr_ip", "vfr_arp", "vfr_ip6"] {
+    for k in ["vfr_mac", "vfr_ip", "vfr_arp", "vfr_ip6", "vfr_dhcp"] {
         assert!(net.counter(k) >= 1, "{k} not counted: {:?}", net.counters);
     }
-    assert!(net.counter("vfr_passed") >= 1 && net.counter("vfr_dropped") >= 4);
+    assert!(net.counter("vfr_passed") >= 1 && net.counter("vfr_dropped") >= 5);
     let (status, metrics) =
         domus_http::request(&state.join("domusd.sock"), "GET", "/metrics", None).unwrap();
     let line = format!(
