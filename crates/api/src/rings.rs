@@ -57,8 +57,11 @@ pub struct VectorInfo {
     pub routed: bool,
 }
 
-/// What a queue's state says, when it says something.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a queue's state says, when it says something; written as
+/// `{"kind": "owed" | "not_handled", "text": ...}` (what `tools/soak.py
+/// capture --rings` reads).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "text", rename_all = "snake_case")]
 pub enum RingFinding {
     /// The used index passed the driver's event index and the device sent
     /// no interrupt after it did: the device owes the guest one.
@@ -186,6 +189,16 @@ mod tests {
         assert_eq!(r.finding(), None);
         // vhost signals for the queue itself.
         assert_eq!(ring(105, 100, None).finding(), None);
+    }
+
+    #[test]
+    fn findings_are_written_as_soak_py_reads_them() {
+        let f = ring(105, 100, Some(100)).finding().unwrap();
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(v["kind"], "owed");
+        assert!(v["text"].as_str().unwrap().starts_with("net0 queue 1: "));
+        let f = ring(105, 100, Some(105)).finding().unwrap();
+        assert_eq!(serde_json::to_value(&f).unwrap()["kind"], "not_handled");
     }
 
     #[test]

@@ -91,9 +91,11 @@ impl Common {
     }
 }
 
-/// Where the live device's doorbells are.
+/// Where the live device's doorbells are, and the used index at each
+/// queue's last interrupt.
 struct Live {
     events: Vec<(usize, EventFd, Option<u64>)>,
+    signals: Arc<Signals>,
 }
 
 pub struct VirtioPci {
@@ -109,8 +111,6 @@ pub struct VirtioPci {
     mem: Arc<Memory>,
     hv: Arc<dyn Hypervisor>,
     live: Option<Live>,
-    /// The used index at each queue's last interrupt, while live.
-    signals: Option<Arc<Signals>>,
 }
 
 /// `len` bytes of a little-endian value.
@@ -202,7 +202,6 @@ impl VirtioPci {
             mem,
             hv,
             live: None,
-            signals: None,
         }
     }
 
@@ -350,7 +349,7 @@ impl VirtioPci {
         let event_idx = self.common.driver_features & crate::VIRTIO_RING_F_EVENT_IDX != 0;
         let bar = self.bar0();
         let mut queues = Vec::new();
-        let mut live = Live { events: Vec::new() };
+        let mut events = Vec::new();
         for (i, q) in self.common.queues.iter_mut().enumerate() {
             if !q.ready() {
                 continue;
@@ -376,7 +375,7 @@ impl VirtioPci {
             let dup = event.try_clone().map_err(|e| format!("eventfd: {e}"))?;
             // The device gets its own copy; ours keeps answering reads.
             let queue = Queue::try_from(q.state()).map_err(|e| format!("queue {i}: {e}"))?;
-            live.events.push((i, dup, doorbell));
+            events.push((i, dup, doorbell));
             queues.push(ActiveQueue {
                 index: i,
                 queue,
@@ -397,8 +396,7 @@ impl VirtioPci {
             self.isr.clone(),
         )
         .with_signals(signals.clone());
-        self.live = Some(live);
-        self.signals = Some(signals);
+        self.live = Some(Live { events, signals });
         self.device
             .activate(Activation {
                 mem: self.mem.clone(),
@@ -411,7 +409,6 @@ impl VirtioPci {
 
     fn reset(&mut self) {
         self.device.reset();
-        self.signals = None;
         if let Some(live) = self.live.take() {
             for (_, fd, addr) in live.events {
                 if let Some(a) = addr {
@@ -488,7 +485,7 @@ impl VirtioPci {
     /// Each live queue's rings, last interrupt and vector, as
     /// `GET /v1/domain/rings` reports them under the device id `id`.
     pub fn rings(&self, id: &str) -> Vec<domus_api::rings::RingInfo> {
-        let Some(signals) = &self.signals else {
+        let Some(live) = &self.live else {
             return Vec::new();
         };
         crate::rings::report(
@@ -498,7 +495,7 @@ impl VirtioPci {
             &self.common.queue_vectors,
             self.common.driver_features & crate::VIRTIO_RING_F_EVENT_IDX != 0,
             &lock(&self.msix),
-            Some(signals),
+            &live.signals,
         )
     }
 
@@ -524,7 +521,6 @@ impl VirtioPci {
     pub fn quiesce(&mut self) -> DeviceState {
         let kept = self.device.state();
         self.device.reset();
-        self.signals = None;
         if let Some(live) = self.live.take() {
             for (_, fd, addr) in live.events {
                 if let Some(a) = addr {

@@ -76,7 +76,7 @@ pub fn report(
     vectors: &[u16],
     event_idx: bool,
     msix: &Msix,
-    signals: Option<&Signals>,
+    signals: &Signals,
 ) -> Vec<RingInfo> {
     let at = |a: u64, off: u64| {
         a.checked_add(off)
@@ -102,7 +102,7 @@ pub fn report(
                 used_flags: at(used, 0),
                 used_idx: at(used, 2),
                 avail_event: at(used, 4 + 8 * size),
-                signalled_at: signals.and_then(|s| s.last(i)),
+                signalled_at: signals.last(i),
                 vector: msix.vector_info(vector),
             }
         })

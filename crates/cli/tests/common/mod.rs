@@ -60,18 +60,11 @@ pub fn stall_report(pid: u32, dir: &Path, console: &str, api: Option<&Path>) -> 
 /// the findings they agree on (`domus_api::rings::stable_findings`) to
 /// `dir/rings.json`, which `tools/soak.py capture --rings` weighs.
 fn rings(sock: &Path, dir: &Path) -> Result<std::path::PathBuf, String> {
-    use domus_api::rings::{stable_findings, RingFinding};
     let api = domus_api::client::VmmClient::new(sock).with_timeout(Duration::from_secs(5));
     let first = api.rings().map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_secs(1));
     let second = api.rings().map_err(|e| e.to_string())?;
-    let findings: Vec<_> = stable_findings(&first, &second)
-        .into_iter()
-        .map(|f| match f {
-            RingFinding::Owed(t) => serde_json::json!({"kind": "owed", "text": t}),
-            RingFinding::NotHandled(t) => serde_json::json!({"kind": "not_handled", "text": t}),
-        })
-        .collect();
+    let findings = domus_api::rings::stable_findings(&first, &second);
     let doc = serde_json::json!({"first": first, "second": second, "findings": findings});
     let file = dir.join("rings.json");
     std::fs::write(&file, doc.to_string()).map_err(|e| format!("{}: {e}", file.display()))?;
