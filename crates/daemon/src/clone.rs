@@ -104,9 +104,7 @@ impl Daemon {
         let mut configs = Vec::new();
         let planned = (|| -> Result<()> {
             for (name, cid) in names.iter().zip(&cids) {
-                let mut c = base.clone();
-                c.name = name.clone();
-                c.vsock_cid = *cid;
+                let mut c = clone_config(&base, name, *cid);
                 for d in c.disks.iter_mut().filter(|d| !d.read_only) {
                     let to = clone_disk_path(&d.path, name)?;
                     copy_sparse(&d.path, &to).map_err(|e| {
@@ -118,15 +116,6 @@ impl Daemon {
                     })?;
                     copies.push(to.clone());
                     d.path = to;
-                }
-                // Restored on taps that are replaced below: the create gives
-                // them MACs of their own, so the virtual firewall-router
-                // drops what the guest sends from the saved one meanwhile,
-                // and no address (the new interfaces get the default
-                // network's, or none).
-                for v in &mut c.vifs {
-                    v.mac = None;
-                    v.ip = None;
                 }
                 configs.push(c);
             }
@@ -267,6 +256,33 @@ impl Daemon {
 /// Up to `n` vsock CIDs above `saved` that no domain in `used` has and
 /// that `host_free` says no other VM on the host holds (fewer when the
 /// CIDs run out: they are below u32::MAX, which means any).
+/// Clone `name`'s configuration before its disks are copied: the saved
+/// domain's, with its own name and vsock CID.
+fn clone_config(base: &DomainConfig, name: &str, cid: Option<u64>) -> DomainConfig {
+    let mut c = base.clone();
+    c.name = name.to_string();
+    c.vsock_cid = cid;
+    // Restored on taps that are replaced: the create gives them MACs of
+    // their own, so the virtual firewall-router drops what the guest sends
+    // from the saved one meanwhile, and no address (the new interfaces get
+    // the default network's, or none).
+    for v in &mut c.vifs {
+        v.mac = None;
+        v.ip = None;
+    }
+    // The overlay and seed the daemon made for the saved domain stay the
+    // snapshot's: the clone's root disk is a copy of the overlay, which
+    // stays when the clone is destroyed as every clone's disk copy does,
+    // and the seed (read-only) is shared by every clone. Left here, the
+    // first clone destroyed removed both, and with them the snapshot's
+    // disks: no clone of it could be made again.
+    if let Some(u) = &mut c.image {
+        u.overlay = None;
+        u.seed = None;
+    }
+    c
+}
+
 fn free_cids(
     saved: u64,
     used: &HashSet<u64>,
@@ -407,6 +423,35 @@ mod tests {
         assert!(copy_sparse(&from, &to).is_err());
         assert_eq!(std::fs::read(&from).unwrap(), std::fs::read(&to).unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_clone_owns_neither_the_saved_domains_overlay_nor_its_seed() {
+        let mut base = crate::db::test_config("template");
+        base.vifs.push(Vif {
+            mac: Some("52:54:00:00:00:01".into()),
+            ip: Some("10.0.0.5".into()),
+            ..Vif::default()
+        });
+        base.image = Some(domus_api::image::ImageUse {
+            name: "deb".into(),
+            keep: false,
+            ssh_keys: vec!["ssh-ed25519 AAAA k".into()],
+            overlay: Some("/state/overlays/template.qcow2".into()),
+            seed: Some("/state/overlays/template.seed.img".into()),
+        });
+        base.vsock_cid = Some(10);
+        let c = clone_config(&base, "web-1", Some(12));
+        assert_eq!((c.name.as_str(), c.vsock_cid), ("web-1", Some(12)));
+        assert_eq!(
+            (c.vifs[0].mac.as_ref(), c.vifs[0].ip.as_ref()),
+            (None, None)
+        );
+        // Destroying the clone (Daemon::drop_image_disks) removes what its
+        // image record names: nothing of the snapshot's.
+        let u = c.image.unwrap();
+        assert_eq!((u.overlay, u.seed), (None, None));
+        assert_eq!((u.name.as_str(), u.ssh_keys.len()), ("deb", 1));
     }
 
     #[test]

@@ -319,38 +319,40 @@ impl Db {
     }
 }
 
+/// A configuration of the least a domain has, for tests.
+#[cfg(test)]
+pub(crate) fn test_config(name: &str) -> DomainConfig {
+    DomainConfig {
+        name: name.into(),
+        memory_mib: 256,
+        maxmem_mib: 256,
+        vcpus: 1,
+        cpus: None,
+        cpu_weight: 256,
+        cap: 0,
+        kernel: "/k".into(),
+        ramdisk: None,
+        cmdline: String::new(),
+        disks: Vec::new(),
+        vifs: Vec::new(),
+        vsock_cid: None,
+        mergeable: false,
+        on_poweroff: domus_api::domain::Action::Destroy,
+        on_reboot: domus_api::domain::Action::Restart,
+        on_crash: domus_api::domain::Action::Destroy,
+        image: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config(name: &str) -> DomainConfig {
-        DomainConfig {
-            name: name.into(),
-            memory_mib: 256,
-            maxmem_mib: 256,
-            vcpus: 1,
-            cpus: None,
-            cpu_weight: 256,
-            cap: 0,
-            kernel: "/k".into(),
-            ramdisk: None,
-            cmdline: String::new(),
-            disks: Vec::new(),
-            vifs: Vec::new(),
-            vsock_cid: None,
-            mergeable: false,
-            on_poweroff: domus_api::domain::Action::Destroy,
-            on_reboot: domus_api::domain::Action::Restart,
-            on_crash: domus_api::domain::Action::Destroy,
-            image: None,
-        }
-    }
 
     fn row(name: &str) -> Row {
         Row {
             id: 0,
             name: name.into(),
-            config: config(name),
+            config: test_config(name),
             pid: None,
             start_time: None,
             state: State::Creating,
@@ -379,9 +381,9 @@ mod tests {
             db.set_state(2, State::Destroying).unwrap();
             db.set_running(2).unwrap();
             assert_eq!(db.get(2).unwrap().unwrap().state, State::Destroying);
-            db.set_config(1, &config("a2")).unwrap();
+            db.set_config(1, &test_config("a2")).unwrap();
             assert!(
-                db.set_config(1, &config("b")).is_err(),
+                db.set_config(1, &test_config("b")).is_err(),
                 "rename onto a name in use"
             );
             db.delete(2).unwrap();
@@ -394,7 +396,7 @@ mod tests {
         assert_eq!((all[0].pid, all[0].state), (Some(1234), State::Running));
         assert_eq!(
             (all[0].name.as_str(), &all[0].config),
-            ("a2", &config("a2"))
+            ("a2", &test_config("a2"))
         );
         assert_eq!(all[1].state, State::Creating);
         assert_eq!(db.log_lines().unwrap()[0].1, "hello");
@@ -444,7 +446,7 @@ mod tests {
             if l.name == "b" {
                 return Err("b.cfg: broken".into());
             }
-            let mut c = config(&l.name);
+            let mut c = test_config(&l.name);
             c.memory_mib = if l.overrides == ["memory=512"] {
                 512
             } else {
