@@ -20,6 +20,8 @@ HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest
 BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
 QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
 UP_TIMEOUT_S = 600
+# Where a guest has the helper (Guest.wait_up copies it there).
+GUEST_HELPER = "/home/debian/domus-guest"
 
 
 def say(msg):
@@ -113,7 +115,7 @@ class Guest:
     def __init__(self, work, key):
         self.work, self.key, self.ip = work, key, None
         self.known = os.path.join(work, f"known-{self.name}")
-        self.helper = "/home/debian/domus-guest"
+        self.helper = GUEST_HELPER
 
     def ssh_args(self):
         # ServerAlive: a guest that vanishes (reset, crashed, destroyed)

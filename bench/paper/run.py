@@ -194,7 +194,7 @@ def web(environments, run):
         f.write(workloads.WRK_SCRIPT)
     for e in environments:
         with running(e):
-            e.sh(workloads.web_prepare(), 600)
+            e.sh(workloads.web_prepare(e.helper), 600)
 
     def one(e):
         ip = "127.0.0.1" if e.name == "native" else e.ip
