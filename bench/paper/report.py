@@ -194,9 +194,15 @@ def report(src, command):
         n = len(exps["osbench"]["runs"].get("domus", []))
         doc["experiments"]["osbench"] = {"rows": rows, "trials": n, "runs": exps["osbench"]["runs"]}
         lines += [f"## Tables 3-5: OS microbenchmarks ({n} trial(s); `domus-guest osbench`)"] + tables
-        if doc["config"].get("native_fs") == "ext4":
-            lines += ["", "Native's files are on ext4 on a loop device in the nested host's tmpfs; "
-                      "the guests' on their ext4 root (virtio disk, qcow2 overlay in the same tmpfs)."]
+        fs = doc["config"].get("native_fs")
+        if fs == "chroot":
+            lines += ["", "Native runs the image's own userspace in a chroot: a copy of its root file "
+                      "system, ext4 on a loop device on the nested host's scratch disk; the guests' "
+                      "is their ext4 root (virtio disk, a qcow2 overlay on the same scratch disk)."]
+        elif fs == "ext4":
+            lines += ["", "Native's files are on ext4 on a loop device in the nested host's tmpfs "
+                      "(its programs this machine's, read over the nested host's 9p root); the "
+                      "guests' on their ext4 root (virtio disk, qcow2 overlay in the same tmpfs)."]
         else:
             lines += ["", "Native's files are on the nested host's tmpfs (no loop device there); the "
                       "guests' on their ext4 root: the file rows compare different file systems."]

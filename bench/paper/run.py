@@ -296,7 +296,7 @@ def measure(out, only, quick):
                 shutil.copy(os.path.join(work, f), os.path.join(cache, f))
     environments = []
     try:
-        native = envs.Native(work, VCPUS)
+        native = envs.Native(work, VCPUS, record["disk"])
         dom = envs.Domus(work, key, IMAGE, IMAGES, VCPUS, MEMORY_MIB)
         environments = [native, dom]
         # The many-domain experiments clone a template of their own
