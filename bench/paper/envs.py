@@ -20,6 +20,7 @@ import benchlib  # noqa: E402
 HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
 BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
 QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
+CH_MAC, CH_TAP = "52:54:00:be:ef:06", "cpaper0"
 UP_TIMEOUT_S = 600
 # Where a guest has the helper (Guest.wait_up copies it there).
 GUEST_HELPER = "/home/debian/domus-guest"
@@ -317,34 +318,42 @@ class Domus(Guest):
         benchlib.stop_daemon(self.daemon, self.state)
 
 
-class Qemu(Guest):
-    """QEMU (`-accel kvm -cpu host -M q35`, virtio disk and net) booting the
-    same image: its own qcow2 overlay on the same base, a copy of the
-    Domus domain's seed, the image's kernel and initrd, a tap on the
-    daemon's bridge (its address from the daemon's dnsmasq)."""
-
-    name = "qemu"
+class Process(Guest):
+    """A guest of a VMM process of its own (QEMU, Cloud Hypervisor) booting
+    the same image: its own qcow2 overlay on the same base, a copy of the
+    Domus domain's cloud-init seed, the image's kernel and initrd, a tap
+    on the daemon's bridge (its address from the daemon's dnsmasq). Paused
+    by SIGSTOP. Subclasses give `name`, `label`, `tap`, `mac` and
+    `command(record, top, seed, vcpus, memory_mib)`."""
 
     def __init__(self, work, key, record, seed, state, vcpus, memory_mib):
         super().__init__(work, key)
         self.state = state
-        self.top, self.base = os.path.join(work, "qemu.qcow2"), record["disk"]
-        own_seed = os.path.join(work, "qemu-seed.img")
+        self.top, self.base = os.path.join(work, f"{self.name}.qcow2"), record["disk"]
+        own_seed = os.path.join(work, f"{self.name}-seed.img")
         shutil.copy(seed, own_seed)
-        benchlib.add_tap(QEMU_TAP, BRIDGE)
-        self.console = os.path.join(work, "qemu.console")
-        self.cmd = benchlib.qemu_image_cmd(record, self.top, own_seed, QEMU_TAP, QEMU_MAC, vcpus,
-                                           memory_mib, self.console)
+        benchlib.add_tap(self.tap, BRIDGE)
+        self.console = os.path.join(work, f"{self.name}.console")
+        self.cmd = self.command(record, self.top, own_seed, vcpus, memory_mib)
         self.p = None
 
     def alive(self):
-        return self.p is not None and self.p.poll() is None
+        """The VMM runs and its guest booted once: QEMU ends on a reset
+        (-no-reboot), Cloud Hypervisor boots the guest again, which its
+        console shows as a second kernel banner."""
+        if self.p is None or self.p.poll() is not None:
+            return False
+        try:
+            with open(self.console, "rb") as f:
+                return f.read().count(b"Linux version ") <= 1
+        except FileNotFoundError:
+            return True
 
     def evidence(self):
-        """How QEMU ended and what its guest last printed."""
+        """How the VMM ended and what its guest last printed."""
         out = []
         if self.p is not None and self.p.poll() is not None:
-            out.append(f"QEMU's exit status {self.p.returncode}: "
+            out.append(f"{self.label}'s exit status {self.p.returncode}: "
                        + self.p.stderr.read().decode(errors="replace")[-500:])
         out.append("console's last lines:\n" + benchlib.last_lines(self.console, 10))
         return "\n".join(out)
@@ -361,15 +370,14 @@ class Qemu(Guest):
         self.p = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while self.ip is None:
             if not self.alive():
-                raise Restarted(f"QEMU ended before a lease: {self.p.stderr.read().decode()[-500:]}")
-            # (a guest reset ends QEMU: -no-reboot)
+                raise Restarted(f"{self.label} ended before a lease: {self.p.stderr.read().decode()[-500:]}")
             if time.monotonic() > deadline:
-                raise RuntimeError("the QEMU guest got no lease")
-            self.ip = benchlib.lease_of(self.state, BRIDGE, QEMU_MAC)
+                raise RuntimeError(f"the {self.label} guest got no lease")
+            self.ip = benchlib.lease_of(self.state, BRIDGE, self.mac)
             if self.ip is None:
                 time.sleep(0.5)
         self.wait_up(deadline)
-        say(f"qemu: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+        say(f"{self.name}: up at {self.ip} after {time.monotonic() - t0:.0f} s")
 
     def pause(self):
         if self.alive():
@@ -381,6 +389,43 @@ class Qemu(Guest):
 
     def close(self):
         if self.p is not None:
+            self.resume()
             self.p.kill()
             self.p.wait()
-        benchlib.del_tap(QEMU_TAP)
+        benchlib.del_tap(self.tap)
+
+
+class Qemu(Process):
+    """QEMU (`-accel kvm -cpu host -M q35`, virtio disk and net)."""
+
+    name, label, tap, mac = "qemu", "QEMU", QEMU_TAP, QEMU_MAC
+
+    def command(self, record, top, seed, vcpus, memory_mib):
+        # (a guest reset ends QEMU: -no-reboot)
+        return benchlib.qemu_image_cmd(record, top, seed, self.tap, self.mac, vcpus, memory_mib,
+                                       self.console)
+
+
+def ch_binary():
+    """Cloud Hypervisor's binary (CH_BIN, else the peers' build beside the
+    checkout: ../shared/peers), or None where there is none."""
+    path = os.environ.get("CH_BIN") or os.path.join(os.path.dirname(REPO), "shared", "peers",
+                                                    "cloud-hypervisor")
+    return path if os.access(path, os.X_OK) else None
+
+
+class CloudHypervisor(Process):
+    """Cloud Hypervisor (the peers' v53 build: KVM, seccomp on, virtio-pci
+    disk and net), the image's bzImage booted directly; its qcow2 overlay
+    names the base as its backing file (`backing_files=on`)."""
+
+    name, label, tap, mac = "ch", "Cloud Hypervisor", CH_TAP, CH_MAC
+
+    def command(self, record, top, seed, vcpus, memory_mib):
+        return [ch_binary(), "--kernel", record["kernel"], "--initramfs", record["initrd"],
+                "--cmdline", f"root={record['root']} rw console=ttyS0",
+                "--cpus", f"boot={vcpus}", "--memory", f"size={memory_mib}M",
+                "--disk", f"path={top},image_type=qcow2,backing_files=on",
+                f"path={seed},image_type=raw,readonly=on",
+                "--net", f"tap={self.tap},mac={self.mac}",
+                "--serial", f"file={self.console}", "--console", "off"]
