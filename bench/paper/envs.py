@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,7 +20,10 @@ import benchlib  # noqa: E402
 HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
 BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
 QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
+CH_MAC, CH_TAP = "52:54:00:be:ef:06", "cpaper0"
 UP_TIMEOUT_S = 600
+# Where a guest has the helper (Guest.wait_up copies it there).
+GUEST_HELPER = "/home/debian/domus-guest"
 
 
 def say(msg):
@@ -54,43 +58,73 @@ def boot(guest, done):
 
 
 class Native:
-    """The nested host itself, on as many CPUs as a guest has vCPUs
-    (taskset); the helper, the inputs and the workloads' files in a fresh
-    ext4 file system on a loop device (the guests' are on ext4 on their
-    virtio disk), or in tmpfs where the host cannot mount one (`fs` says
-    which)."""
+    """The nested host's own kernel and CPUs, on as many CPUs as a guest
+    has vCPUs (taskset), running the guests' own userspace: a chroot into
+    a copy of the image's root file system, ext4 on a loop device on the
+    scratch disk. So native runs the same binaries as the guests, from the
+    same kind of file system, and not this machine's tools read through
+    the nested host's 9p root, which caches nothing (native's build row
+    read its compiler over it and took 1.7 times the guest's time). `dir`
+    is the work directory seen from outside, `inner` from inside."""
 
     name = "native"
+    inner = "/native"
+    # The device nodes the workloads use, in a /dev of the chroot's own:
+    # a bind of the nested host's /dev would put it under the work
+    # directory that the bench removes at the end.
+    NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
+             "urandom": (1, 9), "tty": (5, 0)}
 
-    def __init__(self, work, vcpus):
-        self.dir = os.path.join(work, "native")
-        os.makedirs(self.dir, exist_ok=True)
-        self.fs = "tmpfs"
-        img = os.path.join(work, "native-ext4.img")
-        try:
-            subprocess.run(["truncate", "-s", "4G", img], check=True)
-            subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True, capture_output=True)
-            subprocess.run(["mount", "-o", "loop", img, self.dir], check=True, capture_output=True,
-                           text=True)
-            self.fs = "ext4"
-            self.mounted = True
-            # The workloads' own users (postgres, nginx's workers) reach it.
-            os.chmod(self.dir, 0o755)
-        except (subprocess.CalledProcessError, FileNotFoundError) as e:
-            say(f"native: no ext4 on a loop device here ({getattr(e, 'stderr', '') or e}); "
-                "its files are in tmpfs")
-            self.mounted = False
+    def __init__(self, work, vcpus, disk):
+        self.root = os.path.join(work, "native-root")
+        self.mounts = []
+        img = os.path.join(work, "native-root.img")
+        t0 = time.monotonic()
+        self.run(["qemu-img", "convert", "-O", "raw", disk, img])
+        os.makedirs(self.root)
+        self.mount(["-o", "loop", img], self.root)
+        for fs, where in (("proc", "proc"), ("sysfs", "sys"), ("tmpfs", "dev")):
+            self.mount(["-t", fs, fs], os.path.join(self.root, where))
+        dev = os.path.join(self.root, "dev")
+        for name, (major, minor) in self.NODES.items():
+            os.mknod(os.path.join(dev, name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(os.path.join(dev, name), 0o666)
+        for d in ("pts", "shm"):
+            os.makedirs(os.path.join(dev, d))
+        self.mount(["-t", "devpts", "-o", "newinstance,ptmxmode=0666", "devpts"], os.path.join(dev, "pts"))
+        self.mount(["-t", "tmpfs", "-o", "mode=1777", "shm"], os.path.join(dev, "shm"))
+        for name, to in (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(to, os.path.join(dev, name))
+        self.dir = os.path.join(self.root, self.inner.lstrip("/"))
+        os.makedirs(self.dir)
+        # The workloads' own users (postgres, nginx's workers) reach it.
+        os.chmod(self.dir, 0o755)
+        self.fs = "chroot"
+        say(f"native: the image's root file system copied and mounted ({time.monotonic() - t0:.0f} s)")
         self.cpus = f"0-{vcpus - 1}"
         self.put(HELPER, "domus-guest")
-        self.helper = os.path.join(self.dir, "domus-guest")
+        self.helper = f"{self.inner}/domus-guest"
+
+    @staticmethod
+    def run(cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"native: `{' '.join(cmd)}` failed ({r.returncode}): {r.stderr[-2000:]}")
+
+    def mount(self, args, where):
+        self.run(["mount", *args, where])
+        self.mounts.append(where)
 
     def put(self, local, name):
         shutil.copy(local, os.path.join(self.dir, name))
 
     def sh(self, cmd, timeout):
-        r = subprocess.run(["taskset", "-c", self.cpus, "bash", "-c", cmd], cwd=self.dir,
-                           capture_output=True, text=True, timeout=timeout,
-                           env=dict(os.environ, TMPDIR=self.dir))
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "LANG": "C.UTF-8", "TMPDIR": self.inner}
+        r = subprocess.run(["taskset", "-c", self.cpus, "chroot", self.root,
+                            "env", "-C", self.inner, "bash", "-c", cmd],
+                           capture_output=True, text=True, timeout=timeout, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"native: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}")
         return r.stdout
@@ -102,8 +136,13 @@ class Native:
         pass
 
     def close(self):
-        if self.mounted:
-            subprocess.run(["umount", self.dir], capture_output=True)
+        """Unmounts what __init__ mounted; raises if any is left, so that
+        the work directory is not removed through a mount."""
+        for where in reversed(self.mounts):
+            subprocess.run(["umount", "-l", where], capture_output=True)
+        left = [m for m in self.mounts if os.path.ismount(m)]
+        if left:
+            raise RuntimeError(f"native: still mounted: {', '.join(left)}")
 
 
 class Guest:
@@ -113,7 +152,7 @@ class Guest:
     def __init__(self, work, key):
         self.work, self.key, self.ip = work, key, None
         self.known = os.path.join(work, f"known-{self.name}")
-        self.helper = "/home/debian/domus-guest"
+        self.helper = GUEST_HELPER
 
     def ssh_args(self):
         # ServerAlive: a guest that vanishes (reset, crashed, destroyed)
@@ -279,34 +318,42 @@ class Domus(Guest):
         benchlib.stop_daemon(self.daemon, self.state)
 
 
-class Qemu(Guest):
-    """QEMU (`-accel kvm -cpu host -M q35`, virtio disk and net) booting the
-    same image: its own qcow2 overlay on the same base, a copy of the
-    Domus domain's seed, the image's kernel and initrd, a tap on the
-    daemon's bridge (its address from the daemon's dnsmasq)."""
-
-    name = "qemu"
+class Process(Guest):
+    """A guest of a VMM process of its own (QEMU, Cloud Hypervisor) booting
+    the same image: its own qcow2 overlay on the same base, a copy of the
+    Domus domain's cloud-init seed, the image's kernel and initrd, a tap
+    on the daemon's bridge (its address from the daemon's dnsmasq). Paused
+    by SIGSTOP. Subclasses give `name`, `label`, `tap`, `mac` and
+    `command(record, top, seed, vcpus, memory_mib)`."""
 
     def __init__(self, work, key, record, seed, state, vcpus, memory_mib):
         super().__init__(work, key)
         self.state = state
-        self.top, self.base = os.path.join(work, "qemu.qcow2"), record["disk"]
-        own_seed = os.path.join(work, "qemu-seed.img")
+        self.top, self.base = os.path.join(work, f"{self.name}.qcow2"), record["disk"]
+        own_seed = os.path.join(work, f"{self.name}-seed.img")
         shutil.copy(seed, own_seed)
-        benchlib.add_tap(QEMU_TAP, BRIDGE)
-        self.console = os.path.join(work, "qemu.console")
-        self.cmd = benchlib.qemu_image_cmd(record, self.top, own_seed, QEMU_TAP, QEMU_MAC, vcpus,
-                                           memory_mib, self.console)
+        benchlib.add_tap(self.tap, BRIDGE)
+        self.console = os.path.join(work, f"{self.name}.console")
+        self.cmd = self.command(record, self.top, own_seed, vcpus, memory_mib)
         self.p = None
 
     def alive(self):
-        return self.p is not None and self.p.poll() is None
+        """The VMM runs and its guest booted once: QEMU ends on a reset
+        (-no-reboot), Cloud Hypervisor boots the guest again, which its
+        console shows as a second kernel banner."""
+        if self.p is None or self.p.poll() is not None:
+            return False
+        try:
+            with open(self.console, "rb") as f:
+                return f.read().count(b"Linux version ") <= 1
+        except FileNotFoundError:
+            return True
 
     def evidence(self):
-        """How QEMU ended and what its guest last printed."""
+        """How the VMM ended and what its guest last printed."""
         out = []
         if self.p is not None and self.p.poll() is not None:
-            out.append(f"QEMU's exit status {self.p.returncode}: "
+            out.append(f"{self.label}'s exit status {self.p.returncode}: "
                        + self.p.stderr.read().decode(errors="replace")[-500:])
         out.append("console's last lines:\n" + benchlib.last_lines(self.console, 10))
         return "\n".join(out)
@@ -323,15 +370,14 @@ class Qemu(Guest):
         self.p = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while self.ip is None:
             if not self.alive():
-                raise Restarted(f"QEMU ended before a lease: {self.p.stderr.read().decode()[-500:]}")
-            # (a guest reset ends QEMU: -no-reboot)
+                raise Restarted(f"{self.label} ended before a lease: {self.p.stderr.read().decode()[-500:]}")
             if time.monotonic() > deadline:
-                raise RuntimeError("the QEMU guest got no lease")
-            self.ip = benchlib.lease_of(self.state, BRIDGE, QEMU_MAC)
+                raise RuntimeError(f"the {self.label} guest got no lease")
+            self.ip = benchlib.lease_of(self.state, BRIDGE, self.mac)
             if self.ip is None:
                 time.sleep(0.5)
         self.wait_up(deadline)
-        say(f"qemu: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+        say(f"{self.name}: up at {self.ip} after {time.monotonic() - t0:.0f} s")
 
     def pause(self):
         if self.alive():
@@ -343,6 +389,43 @@ class Qemu(Guest):
 
     def close(self):
         if self.p is not None:
+            self.resume()
             self.p.kill()
             self.p.wait()
-        benchlib.del_tap(QEMU_TAP)
+        benchlib.del_tap(self.tap)
+
+
+class Qemu(Process):
+    """QEMU (`-accel kvm -cpu host -M q35`, virtio disk and net)."""
+
+    name, label, tap, mac = "qemu", "QEMU", QEMU_TAP, QEMU_MAC
+
+    def command(self, record, top, seed, vcpus, memory_mib):
+        # (a guest reset ends QEMU: -no-reboot)
+        return benchlib.qemu_image_cmd(record, top, seed, self.tap, self.mac, vcpus, memory_mib,
+                                       self.console)
+
+
+def ch_binary():
+    """Cloud Hypervisor's binary (CH_BIN, else the peers' build beside the
+    checkout: ../shared/peers), or None where there is none."""
+    path = os.environ.get("CH_BIN") or os.path.join(os.path.dirname(REPO), "shared", "peers",
+                                                    "cloud-hypervisor")
+    return path if os.access(path, os.X_OK) else None
+
+
+class CloudHypervisor(Process):
+    """Cloud Hypervisor (the peers' v53 build: KVM, seccomp on, virtio-pci
+    disk and net), the image's bzImage booted directly; its qcow2 overlay
+    names the base as its backing file (`backing_files=on`)."""
+
+    name, label, tap, mac = "ch", "Cloud Hypervisor", CH_TAP, CH_MAC
+
+    def command(self, record, top, seed, vcpus, memory_mib):
+        return [ch_binary(), "--kernel", record["kernel"], "--initramfs", record["initrd"],
+                "--cmdline", f"root={record['root']} rw console=ttyS0",
+                "--cpus", f"boot={vcpus}", "--memory", f"size={memory_mib}M",
+                "--disk", f"path={top},image_type=qcow2,backing_files=on",
+                f"path={seed},image_type=raw,readonly=on",
+                "--net", f"tap={self.tap},mac={self.mac}",
+                "--serial", f"file={self.console}", "--console", "off"]

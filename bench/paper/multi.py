@@ -110,12 +110,15 @@ def cache_dir():
 
 def cache_inputs(dom, run):
     """What the cached template was made from: a change to any of it
-    (the image too: its overlay is on the image's disk) makes the
-    template again."""
+    (the image too: its overlay is on the image's disk; the helper too:
+    the template's copy is what its clones run) makes the template
+    again."""
     image = os.stat(os.path.join(dom.images, dom.image, "image.json"))
+    with open(envs.HELPER, "rb") as f:
+        helper = hashlib.sha256(f.read()).hexdigest()
     text = "\n".join([inspect.getsource(template_prepare), workloads.pg_prepare(False, run.quick),
-                      workloads.web_prepare(), str((TEMPLATE_MIB, TEMPLATE_VCPUS, run.quick)),
-                      str((image.st_mtime_ns, image.st_size))])
+                      workloads.web_prepare(envs.GUEST_HELPER), str((TEMPLATE_MIB, TEMPLATE_VCPUS, run.quick)),
+                      str((image.st_mtime_ns, image.st_size)), helper])
     return {"inputs": hashlib.sha256(text.encode()).hexdigest(), "work": run.work}
 
 
@@ -170,7 +173,7 @@ def template_prepare(t, quick):
     t0 = time.monotonic()
     t.sh(workloads.pg_prepare(False, quick), 1800)
     say(f"{TEMPLATE}: PostgreSQL's database made in {time.monotonic() - t0:.0f} s")
-    t.sh(workloads.web_prepare() + " && " + workloads.web_stop(), 600)
+    t.sh(workloads.web_prepare(t.helper) + " && " + workloads.web_stop(), 600)
     say(f"{TEMPLATE}: the web pages made")
     # cloud-init's ifupdown brings up the interface it saw at first boot,
     # by name. A clone's interface is a new one, plugged later, with a new
@@ -433,11 +436,11 @@ def fig4(environments, run):
     secs = 5 if run.quick else 20
     if native is not None:
         native.sh(" && ".join(f"(mkdir -p web{i} && cd web{i} && "
-                              + workloads.web_prepare(workloads.WEB_PORT + i, 1) + ")"
+                              + workloads.web_prepare(native.helper, workloads.WEB_PORT + i, 1) + ")"
                               for i in range(most)), 600)
     try:
         clones = start_clones(dom, run, most, "web")
-        sh_all(clones, workloads.web_prepare(workloads.WEB_PORT, 1), 300)
+        sh_all(clones, workloads.web_prepare(envs.GUEST_HELPER, workloads.WEB_PORT, 1), 300)
         for c in clones:
             c.pause()
 
@@ -511,7 +514,7 @@ def fig6(environments, run):
     server = subprocess.Popen(["iperf3", "-s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         clones = dict(zip(names, start_clones(dom, run, len(names), "iso")))
-        clones["web"].sh(workloads.web_prepare(workloads.WEB_PORT, 1), 300)
+        clones["web"].sh(workloads.web_prepare(clones["web"].helper, workloads.WEB_PORT, 1), 300)
         for hog, cmd in HOGS.items():
             c = clones[hog]
             c.sh(f"cat > hog.sh <<'HOG_EOF'\n{cmd}\nHOG_EOF\n"

@@ -8,8 +8,11 @@ import statistics
 import workloads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ENVS = ["native", "domus", "qemu"]
-NAMES = {"native": "native", "domus": "Domus", "qemu": "QEMU"}
+GUESTS = ["domus", "qemu", "ch"]
+NAMES = {"native": "native", "domus": "Domus", "qemu": "QEMU", "ch": "Cloud Hypervisor"}
+# Table headers: the peers' short names (the text says what CH is).
+SHORT = dict(NAMES, ch="CH")
+COLOURS = {"native": "#4c4c4c", "domus": "#2b7bba", "qemu": "#d9822b", "ch": "#5aa02c"}
 # Figure 3's targets (issue 16): Domus within 5% of native on the CPU-bound
 # rows, within 10% on the others, and at least QEMU on every row.
 CPU_BOUND = {"sysbench_cpu", "xz"}
@@ -31,55 +34,82 @@ def fmt(x, p=2):
     return "n/a" if x is None else f"{x:.{p}f}"
 
 
+def present(*runs):
+    """The guests with a trial in any of `runs` (each {env: trials}), in
+    GUESTS' order: a peer left out of the run (ENVS) gets no columns."""
+    return [g for g in GUESTS if any(r.get(g) for r in runs)]
+
+
+def medians(runs, key, guests):
+    return {e: median(runs.get(e, []), key) for e in ["native"] + guests}
+
+
+def compare(med, higher, guests):
+    """Each guest's score against native, and Domus's against each peer."""
+    out = {f"{g}_vs_native": score(med[g], med["native"], higher) for g in guests}
+    if "domus" in guests:
+        out.update({f"domus_vs_{p}": score(med["domus"], med[p], higher) for p in guests if p != "domus"})
+    return out
+
+
+def head(lead, guests, tail=()):
+    """A table's two header lines: `lead` columns (left-aligned), each
+    environment's value, each guest against native, Domus against each
+    peer, then `tail` (left-aligned)."""
+    num = ([SHORT[e] for e in ["native"] + guests] + [f"{SHORT[g]}/native" for g in guests]
+           + [f"Domus/{SHORT[p]}" for p in guests if p != "domus" and "domus" in guests])
+    cols = list(lead) + num + list(tail)
+    align = ["---"] * len(lead) + ["---:"] * len(num) + ["---"] * len(tail)
+    return ["| " + " | ".join(cols) + " |", "| " + " | ".join(align) + " |"]
+
+
+def cells(med, cmp, guests, p=2):
+    """A row's value and ratio cells, in head()'s order."""
+    vals = [fmt(med[e], p) for e in ["native"] + guests] + [fmt(cmp[f"{g}_vs_native"]) for g in guests]
+    vals += [fmt(cmp[f"domus_vs_{q}"]) for q in guests if q != "domus" and "domus" in guests]
+    return " | ".join(vals)
+
+
 def fig3_table(exps):
     """Figure 3's rows from the experiments that measure them (fig3, pg,
     web), in the paper's order."""
     meta = [(k, m, exps["fig3"]["runs"]) for k, m in workloads.FIG3_ROWS.items() if "fig3" in exps]
     meta += [(k, m, exps["pg"]["runs"]) for k, m in workloads.PG_ROWS.items() if "pg" in exps]
     meta += [(k, m, exps["web"]["runs"]) for k, m in workloads.WEB_ROWS.items() if "web" in exps]
-    rows, lines, verdicts = {}, [], []
-    lines += ["| workload (stands for) | unit | native | Domus | QEMU | Domus/native | QEMU/native | "
-              "Domus/QEMU | target |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    guests = present(*(runs for _, _, runs in meta))
+    rows, lines = {}, head(["workload (stands for)", "unit"], guests, ["target"])
     for key, (label, unit, higher, stands), runs in meta:
-        med = {e: median(runs.get(e, []), key) for e in ENVS}
+        med = medians(runs, key, guests)
         if med["native"] is None:
             continue
-        d, q = score(med["domus"], med["native"], higher), score(med["qemu"], med["native"], higher)
+        cmp = compare(med, higher, guests)
+        d, q = cmp.get("domus_vs_native"), cmp.get("qemu_vs_native")
         within = 0.95 if key in CPU_BOUND else 0.90
         ok = d is not None and d >= within and (q is None or d >= q * 0.995)
         verdict = "met" if ok else (
             f"missed: {(1 - d) * 100:.1f}% below native (target {(1 - within) * 100:.0f}%)"
             if d is not None and d < within else "missed: below QEMU")
-        rows[key] = {"median": med, "domus_vs_native": d, "qemu_vs_native": q,
-                     "domus_vs_qemu": d / q if d and q else None, "target": verdict}
-        verdicts.append(ok)
-        lines.append(f"| {label} ({stands}) | {unit} | {fmt(med['native'])} | {fmt(med['domus'])} | "
-                     f"{fmt(med['qemu'])} | {fmt(d)} | {fmt(q)} | {fmt(rows[key]['domus_vs_qemu'])} | "
-                     f"{verdict} |")
+        rows[key] = {"median": med, **cmp, "target": verdict}
+        lines.append(f"| {label} ({stands}) | {unit} | {cells(med, cmp, guests)} | {verdict} |")
     return rows, lines
 
 
 def osbench_tables(exp):
     runs = exp["runs"]
+    guests = present(runs)
     rows, lines = {}, []
     titles = {3: "Table 3: processes (µs)", 4: "Table 4: context switches (µs)",
               5: "Table 5: file and memory (µs; bandwidth in MB/s)"}
     for table, title in titles.items():
-        lines += ["", f"### {title}", "",
-                  "| benchmark | native | Domus | QEMU | Domus/native | QEMU/native |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += ["", f"### {title}", ""] + head(["benchmark"], guests)
         for key, (label, t) in workloads.OSBENCH_ROWS.items():
             if t != table:
                 continue
-            med = {e: median(runs.get(e, []), key) for e in ENVS}
+            med = medians(runs, key, guests)
             higher = key.endswith("_mbs")
-            d = score(med["domus"], med["native"], higher)
-            q = score(med["qemu"], med["native"], higher)
-            rows[key] = {"median": med, "domus_vs_native": d, "qemu_vs_native": q}
-            p = 0 if higher else 2
-            lines.append(f"| {label} | {fmt(med['native'], p)} | {fmt(med['domus'], p)} | "
-                         f"{fmt(med['qemu'], p)} | {fmt(d)} | {fmt(q)} |")
+            cmp = compare(med, higher, guests)
+            rows[key] = {"median": med, **cmp}
+            lines.append(f"| {label} | {cells(med, cmp, guests, 0 if higher else 2)} |")
     return rows, lines
 
 
@@ -111,16 +141,14 @@ def plot_fig3(rows, path):
         return False
     keys = list(rows)
     top = 1.0
+    envs = ["native"] + [g for g in GUESTS if any(rows[k].get(f"{g}_vs_native") is not None for k in keys)]
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(keys), 3.6))
-    width = 0.26
-    for i, (env, colour) in enumerate((("native", "#4c4c4c"), ("domus", "#2b7bba"),
-                                       ("qemu", "#d9822b"))):
-        if env != "native" and all(rows[k][f"{env}_vs_native"] is None for k in keys):
-            continue  # not in this run (ENVS)
-        ys = [1.0 if env == "native" else (rows[k][f"{env}_vs_native"] or 0) for k in keys]
+    width = 0.8 / len(envs)
+    for i, env in enumerate(envs):
+        ys = [1.0 if env == "native" else (rows[k].get(f"{env}_vs_native") or 0) for k in keys]
         top = max(top, *ys)
-        bars = ax.bar([x + (i - 1) * width for x in range(len(keys))], ys, width, label=NAMES[env],
-                      color=colour)
+        bars = ax.bar([x + (i - (len(envs) - 1) / 2) * width for x in range(len(keys))], ys, width,
+                      label=NAMES[env], color=COLOURS[env])
         for b, y in zip(bars, ys):
             ax.text(b.get_x() + b.get_width() / 2, y + 0.01, f"{y:.2f}", ha="center", va="bottom",
                     fontsize=7)
@@ -130,9 +158,9 @@ def plot_fig3(rows, path):
     # SPEC INT2000).
     ax.set_xticklabels([f"{labels[k][0]}\n({labels[k][3]})" for k in keys], fontsize=7)
     ax.set_ylabel("score relative to native")
-    ax.set_ylim(0, 1.15 * top)
+    ax.set_ylim(0, 1.3 * top)
     ax.axhline(1.0, color="black", linewidth=0.5)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", ncol=len(envs))
     return finish(plt, fig, ax, "Figure 3: relative performance (bench/paper)", path)
 
 
@@ -174,7 +202,9 @@ def report(src, command):
              f"{doc['date']} on `{m.get('host')}` ({m.get('cpus')} CPUs, kernel {m.get('kernel')}), "
              f"in the nested KVM host; command `{command}`. Guests: {doc['config'].get('vcpus')} "
              f"vCPUs, {doc['config'].get('memory_mib')} MiB, image `{doc['config'].get('image')}`; "
-             "native runs in the nested host on as many CPUs (taskset). Medians of each "
+             "native runs in the nested host on as many CPUs (taskset). The guests run under "
+             "Domus and, where the run has them, QEMU (`-accel kvm`) and Cloud Hypervisor v53 "
+             "(CH, the peers' build). Medians of each "
              "environment's trials; scores relative to native, more is better. Nested hosts that "
              f"died and were replaced: {doc['retried']}; guest boots run again after a reset: "
              f"{len(doc['boots_retried'])}; clones made again after a reset before they were up: "
@@ -194,9 +224,15 @@ def report(src, command):
         n = len(exps["osbench"]["runs"].get("domus", []))
         doc["experiments"]["osbench"] = {"rows": rows, "trials": n, "runs": exps["osbench"]["runs"]}
         lines += [f"## Tables 3-5: OS microbenchmarks ({n} trial(s); `domus-guest osbench`)"] + tables
-        if doc["config"].get("native_fs") == "ext4":
-            lines += ["", "Native's files are on ext4 on a loop device in the nested host's tmpfs; "
-                      "the guests' on their ext4 root (virtio disk, qcow2 overlay in the same tmpfs)."]
+        fs = doc["config"].get("native_fs")
+        if fs == "chroot":
+            lines += ["", "Native runs the image's own userspace in a chroot: a copy of its root file "
+                      "system, ext4 on a loop device on the nested host's scratch disk; the guests' "
+                      "is their ext4 root (virtio disk, a qcow2 overlay on the same scratch disk)."]
+        elif fs == "ext4":
+            lines += ["", "Native's files are on ext4 on a loop device in the nested host's tmpfs "
+                      "(its programs this machine's, read over the nested host's 9p root); the "
+                      "guests' on their ext4 root (virtio disk, qcow2 overlay in the same tmpfs)."]
         else:
             lines += ["", "Native's files are on the nested host's tmpfs (no loop device there); the "
                       "guests' on their ext4 root: the file rows compare different file systems."]
@@ -204,18 +240,15 @@ def report(src, command):
     if "net" in exps:
         runs = exps["net"]["runs"]
         n = len(runs.get("domus", []))
+        guests = present(runs)
         rows = {}
         lines += [f"## Table 6: TCP throughput ({n} trial(s); iperf3 to the nested host, native "
-                  "over loopback)", "",
-                  "| | native | Domus | QEMU | Domus/native | QEMU/native | Domus/QEMU |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "over loopback)", ""] + head([""], guests)
         for key, (label, _, _) in workloads.NET_ROWS.items():
-            med = {e: median(runs.get(e, []), key) for e in ENVS}
-            d, q = score(med["domus"], med["native"], True), score(med["qemu"], med["native"], True)
-            dq = score(med["domus"], med["qemu"], True)
-            rows[key] = {"median": med, "domus_vs_native": d, "qemu_vs_native": q, "domus_vs_qemu": dq}
-            lines.append(f"| {label} | {fmt(med['native'], 0)} | {fmt(med['domus'], 0)} | "
-                         f"{fmt(med['qemu'], 0)} | {fmt(d)} | {fmt(q)} | {fmt(dq)} |")
+            med = medians(runs, key, guests)
+            cmp = compare(med, True, guests)
+            rows[key] = {"median": med, **cmp}
+            lines.append(f"| {label} | {cells(med, cmp, guests, 0)} |")
         doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs}
         lines.append("")
     lines += multi_sections(exps, doc)

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """bench/paper: the Xen paper's evaluation (SOSP 2003, section 4) repeated
-on Domus, native Linux and QEMU, in one nested host (tools/kvm-host).
+on Domus, native Linux, QEMU and Cloud Hypervisor, in one nested host
+(tools/kvm-host).
 
   run.py measure OUT.json [--only A,B] [--quick]
   run.py report OUT.json COMMAND
 
-`measure` boots one Domus domain and one QEMU guest (ENVS=native,domus: no
-QEMU) of the same Debian
+`measure` boots one Domus domain, one QEMU guest and one Cloud Hypervisor
+guest (ENVS picks: ENVS=native,domus has neither peer) of the same Debian
 image (tools/bench-paper builds it with the benchmark packages; the nested
 host has no network), same vCPUs and memory, and runs each experiment's
-trials natively, under Domus and under QEMU, one environment at a time
+trials natively and in each guest, one environment at a time
 (the others paused), the order turning each trial. It adds each finished
 trial and experiment to OUT.json, and skips those already there, so
 tools/bench-paper can run the rest in a fresh nested host when one dies.
@@ -57,9 +58,10 @@ IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal"]
 MULTI = {"fig4", "fig5", "fig6", "scal"}
-# ENVS=native,domus leaves QEMU out (a nested host that dies when a QEMU
-# guest boots in it: README, known issues).
-ENVS = os.environ.get("ENVS", "native,domus,qemu").split(",")
+# ENVS=native,domus leaves the peers out (a nested host that dies when a
+# QEMU guest boots in it: README, known issues). `ch` runs where the peers'
+# Cloud Hypervisor build is (envs.ch_binary).
+ENVS = os.environ.get("ENVS", "native,domus,qemu,ch").split(",")
 
 
 def trials(quick):
@@ -194,7 +196,7 @@ def web(environments, run):
         f.write(workloads.WRK_SCRIPT)
     for e in environments:
         with running(e):
-            e.sh(workloads.web_prepare(), 600)
+            e.sh(workloads.web_prepare(e.helper), 600)
 
     def one(e):
         ip = "127.0.0.1" if e.name == "native" else e.ip
@@ -296,7 +298,7 @@ def measure(out, only, quick):
                 shutil.copy(os.path.join(work, f), os.path.join(cache, f))
     environments = []
     try:
-        native = envs.Native(work, VCPUS)
+        native = envs.Native(work, VCPUS, record["disk"])
         dom = envs.Domus(work, key, IMAGE, IMAGES, VCPUS, MEMORY_MIB)
         environments = [native, dom]
         # The many-domain experiments clone a template of their own
@@ -305,11 +307,17 @@ def measure(out, only, quick):
         if singles:
             envs.boot(dom, done)
             dom.pause()
-        if "qemu" in ENVS and singles:
-            q = envs.Qemu(work, key, record, dom.seed(), dom.state, VCPUS, MEMORY_MIB)
-            environments.append(q)
-            envs.boot(q, done)
-            q.pause()
+        peers = [envs.Qemu] if "qemu" in ENVS else []
+        if "ch" in ENVS:
+            if envs.ch_binary():
+                peers.append(envs.CloudHypervisor)
+            else:
+                say("no Cloud Hypervisor here (CH_BIN, ../shared/peers/cloud-hypervisor): its column is left out")
+        for peer in peers if singles else []:
+            g = peer(work, key, record, dom.seed(), dom.state, VCPUS, MEMORY_MIB)
+            environments.append(g)
+            envs.boot(g, done)
+            g.pause()
         run = Run(out, done, quick, work)
         done["machine"] = machine()
         done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,

@@ -25,7 +25,7 @@ PG_ROWS = {
     "pg_tpcb": ("pgbench TPC-B-like", "tps", True, "OSDB-OLTP"),
 }
 WEB_ROWS = {
-    "web": ("nginx static 16 KiB pages, wrk", "req/s", True, "SPECweb99 (static share only)"),
+    "web": ("nginx, 70% static 16 KiB pages, 30% dynamic, wrk", "req/s", True, "SPECweb99"),
 }
 WEB_PORT = 8080
 
@@ -63,31 +63,59 @@ PG_STOP = "pgbin=$(ls -d /usr/lib/postgresql/*/bin | tail -n 1); " \
     "[ ! -d pg/data ] || runuser -u postgres -- $pgbin/pg_ctl -D pg/data -m fast stop"
 
 
-def web_prepare(port=WEB_PORT, workers="auto"):
+def dyn_port(port):
+    """Where the dynamic backend of the nginx on `port` listens."""
+    return port + 1000
+
+
+def web_prepare(helper, port=WEB_PORT, workers="auto"):
     """A static site and an nginx of our own on `port` with `workers`
     worker processes, the same configuration everywhere (the image's own
     nginx stays as it is; the temporary directories in the current
-    directory: the nested host's root is read-only)."""
+    directory: the nested host's root is read-only). `/dyn` goes to
+    `helper webdyn` (SPECweb99's dynamic GETs and POSTs: a page made per
+    request, posts logged) over kept-alive connections."""
+    dyn = dyn_port(port)
+    probe = ("bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d && printf \"GET /dyn HTTP/1.0\\r\\n\\r\\n\" >&3 "
+             "&& head -n 1 <&3 | grep -q \" 200 \"' 2>/dev/null" % port)
     return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; mkdir -p www && "
             "for i in $(seq 0 99); do head -c 12288 /dev/urandom | base64 -w 76 > www/p$i.html; done; "
             "chmod -R a+rX www; chmod a+x .; mkdir -p ngt; d=$PWD; "
+            f"setsid {helper} webdyn {dyn} \"$d\" </dev/null >webdyn.log 2>&1 & echo $! > webdyn.pid; "
             f"printf 'worker_processes {workers}; pid %s/nginx.pid; error_log %s/nginx.err;\\n"
             "events { worker_connections 1024; }\\n"
             "http { access_log off; sendfile on; client_body_temp_path %s/ngt/body; "
             "proxy_temp_path %s/ngt/proxy; fastcgi_temp_path %s/ngt/fastcgi; "
             "uwsgi_temp_path %s/ngt/uwsgi; scgi_temp_path %s/ngt/scgi; "
-            "server { listen %s; root %s/www; } }\\n' "
+            f"upstream dyn {{ server 127.0.0.1:{dyn}; keepalive 16; }} "
+            "server { listen %s; root %s/www; location /dyn { proxy_pass http://dyn; "
+            "proxy_http_version 1.1; proxy_set_header Connection \\\"\\\"; } } }\\n' "
             f"\"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" \"$d\" {port} \"$d\" > nginx.conf && "
-            "$s /usr/sbin/nginx -c $d/nginx.conf -e $d/nginx.err")
+            "$s /usr/sbin/nginx -c $d/nginx.conf -e $d/nginx.err && "
+            # The backend answers through nginx before the run starts
+            # (wrk would count nginx's 502s).
+            f"for i in $(seq 50); do {probe} && break; sleep 0.2; done; {probe}")
 
 
 def web_stop():
     return ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; "
-            "[ ! -f nginx.pid ] || $s kill $(cat nginx.pid)")
+            "[ ! -f nginx.pid ] || $s kill $(cat nginx.pid); "
+            "[ ! -f webdyn.pid ] || kill $(cat webdyn.pid) 2>/dev/null; rm -f webdyn.pid")
 
 
-# wrk's Lua script: each request asks for one of the 100 pages.
-WRK_SCRIPT = "request = function() return wrk.format(nil, '/p' .. math.random(0, 99) .. '.html') end\n"
+# wrk's Lua script, SPECweb99's mix: 70% static GETs of the 100 pages,
+# 25% dynamic GETs (a page id, a user's cookie), 5% dynamic POSTs.
+WRK_SCRIPT = """request = function()
+  local r = math.random(100)
+  if r <= 70 then
+    return wrk.format(nil, '/p' .. math.random(0, 99) .. '.html')
+  elseif r <= 95 then
+    return wrk.format('GET', '/dyn?id=' .. math.random(0, 9999), {Cookie = 'user=' .. math.random(0, 999)})
+  end
+  return wrk.format('POST', '/dyn', {['Content-Type'] = 'application/x-www-form-urlencoded'},
+                    'user=' .. math.random(0, 999) .. '&item=' .. math.random(0, 99))
+end
+"""
 
 
 def wrk(ip, port, threads, connections, secs, script, timeout):
@@ -97,7 +125,9 @@ def wrk(ip, port, threads, connections, secs, script, timeout):
            f"http://{ip}:{port}/"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
-    if r.returncode != 0 or m is None:
+    # An error answer is fast: counted as served, it would flatter a
+    # broken server (nginx's 502 when its backend is gone).
+    if r.returncode != 0 or m is None or "Non-2xx" in r.stdout:
         raise RuntimeError(f"wrk against {ip}:{port} failed ({r.returncode}): "
                            f"{r.stdout[-500:]}{r.stderr[-500:]}")
     return float(m.group(1))

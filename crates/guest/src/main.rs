@@ -36,12 +36,13 @@
 mod ioload;
 mod osbench;
 mod stream;
+mod webdyn;
 
 use domus_guest::agent;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS | osbench [SECONDS]\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
+        "usage: domus-guest ioload PATH SECONDS | osbench [SECONDS]\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB | webdyn PORT DIR\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
     );
     std::process::exit(2);
 }
@@ -52,6 +53,7 @@ fn main() {
     match cmd.as_str() {
         "ioload" => ioload::main(&args[1..]),
         "osbench" => osbench::main(&args[1..]),
+        "webdyn" => webdyn::main(&args[1..]),
         // What osbench's fork_exec runs.
         "nop" => {}
         "send" | "recv" | "echo" | "ping" => stream::main(cmd, &args[1..]),
