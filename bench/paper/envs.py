@@ -182,6 +182,15 @@ class Guest:
         subprocess.run(["scp", "-q", *self.ssh_args(), local, f"debian@{self.ip}:{name}"],
                        check=True, capture_output=True, timeout=300)
 
+    def settle(self):
+        """Waits for the boot's own work to end (cloud-init's last stage,
+        systemd's start-up jobs): it printed SSH keys to the serial
+        console and ran its jobs beside the first trial, which it then
+        charged to whichever guest went first (a paused guest picks up
+        where it left off)."""
+        self.sh("timeout 300 cloud-init status --wait >/dev/null 2>&1; "
+                "timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; true", 600)
+
     def wait_up(self, deadline):
         """Waits for the SSH banner, then for a login with the key."""
         while time.monotonic() < deadline:
@@ -197,6 +206,7 @@ class Guest:
                 r = None  # a login that hung: a guest that reset under it, or a slow one
             if r is not None and r.returncode == 0:
                 self.put(HELPER, "domus-guest")
+                self.settle()
                 return
             if not self.alive():
                 raise Restarted(f"{self.name}: the guest reset before its SSH login; {self.evidence()}")
