@@ -211,11 +211,14 @@ def report(src, command):
              f"{len(doc['clones_replaced'])}.", ""]
     if any(x in exps for x in ("fig3", "pg", "web")):
         rows, table = fig3_table(exps)
-        n = min(len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps)
+        counts = {x: len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps}
+        n = min(counts.values())
+        trials = (f"{n} trial(s)" if len(set(counts.values())) == 1 else
+                  "trials: " + ", ".join(f"{x} {c}" for x, c in counts.items()))
         doc["experiments"]["fig3"] = {"rows": rows, "trials": n,
                                       "runs": {x: exps[x]["runs"] for x in ("fig3", "pg", "web")
                                                if x in exps}}
-        lines += [f"## Figure 3: relative performance ({n} trial(s))", ""] + table
+        lines += [f"## Figure 3: relative performance ({trials})", ""] + table
         if plot_fig3(rows, os.path.join(HERE, "fig3.png")):
             lines += ["", "![Figure 3](fig3.png)"]
         lines.append("")
