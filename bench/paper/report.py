@@ -4,6 +4,7 @@ import datetime
 import json
 import os
 import statistics
+import textwrap
 
 import workloads
 
@@ -145,9 +146,12 @@ def plot_fig3(rows, path):
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(keys), 3.6))
     width = 0.8 / len(envs)
     for i, env in enumerate(envs):
-        ys = [1.0 if env == "native" else (rows[k].get(f"{env}_vs_native") or 0) for k in keys]
+        # A row the environment has no value for gets no bar (not a 0).
+        xs, ys = zip(*[(x, 1.0 if env == "native" else rows[k].get(f"{env}_vs_native"))
+                       for x, k in enumerate(keys)
+                       if env == "native" or rows[k].get(f"{env}_vs_native") is not None])
         top = max(top, *ys)
-        bars = ax.bar([x + (i - (len(envs) - 1) / 2) * width for x in range(len(keys))], ys, width,
+        bars = ax.bar([x + (i - (len(envs) - 1) / 2) * width for x in xs], ys, width,
                       label=NAMES[env], color=COLOURS[env])
         for b, y in zip(bars, ys):
             ax.text(b.get_x() + b.get_width() / 2, y + 0.01, f"{y:.2f}", ha="center", va="bottom",
@@ -156,7 +160,8 @@ def plot_fig3(rows, path):
     labels = {**workloads.FIG3_ROWS, **workloads.PG_ROWS, **workloads.WEB_ROWS}
     # The workload and, below it, what it stands for (two rows stand for
     # SPEC INT2000).
-    ax.set_xticklabels([f"{labels[k][0]}\n({labels[k][3]})" for k in keys], fontsize=7)
+    ax.set_xticklabels([textwrap.fill(labels[k][0], 26) + f"\n({labels[k][3]})" for k in keys],
+                       fontsize=7)
     ax.set_ylabel("score relative to native")
     ax.set_ylim(0, 1.3 * top)
     ax.axhline(1.0, color="black", linewidth=0.5)
