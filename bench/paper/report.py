@@ -41,6 +41,12 @@ def present(*runs):
     return [g for g in GUESTS if any(r.get(g) for r in runs)]
 
 
+def peers(guests):
+    """The guests Domus is compared with: each other than Domus, when
+    Domus is among them."""
+    return [p for p in guests if p != "domus"] if "domus" in guests else []
+
+
 def medians(runs, key, guests):
     return {e: median(runs.get(e, []), key) for e in ["native"] + guests}
 
@@ -48,8 +54,7 @@ def medians(runs, key, guests):
 def compare(med, higher, guests):
     """Each guest's score against native, and Domus's against each peer."""
     out = {f"{g}_vs_native": score(med[g], med["native"], higher) for g in guests}
-    if "domus" in guests:
-        out.update({f"domus_vs_{p}": score(med["domus"], med[p], higher) for p in guests if p != "domus"})
+    out.update({f"domus_vs_{p}": score(med["domus"], med[p], higher) for p in peers(guests)})
     return out
 
 
@@ -58,7 +63,7 @@ def head(lead, guests, tail=()):
     environment's value, each guest against native, Domus against each
     peer, then `tail` (left-aligned)."""
     num = ([SHORT[e] for e in ["native"] + guests] + [f"{SHORT[g]}/native" for g in guests]
-           + [f"Domus/{SHORT[p]}" for p in guests if p != "domus" and "domus" in guests])
+           + [f"Domus/{SHORT[p]}" for p in peers(guests)])
     cols = list(lead) + num + list(tail)
     align = ["---"] * len(lead) + ["---:"] * len(num) + ["---"] * len(tail)
     return ["| " + " | ".join(cols) + " |", "| " + " | ".join(align) + " |"]
@@ -67,7 +72,7 @@ def head(lead, guests, tail=()):
 def cells(med, cmp, guests, p=2):
     """A row's value and ratio cells, in head()'s order."""
     vals = [fmt(med[e], p) for e in ["native"] + guests] + [fmt(cmp[f"{g}_vs_native"]) for g in guests]
-    vals += [fmt(cmp[f"domus_vs_{q}"]) for q in guests if q != "domus" and "domus" in guests]
+    vals += [fmt(cmp[f"domus_vs_{p}"]) for p in peers(guests)]
     return " | ".join(vals)
 
 

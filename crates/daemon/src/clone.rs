@@ -253,9 +253,6 @@ impl Daemon {
     }
 }
 
-/// Up to `n` vsock CIDs above `saved` that no domain in `used` has and
-/// that `host_free` says no other VM on the host holds (fewer when the
-/// CIDs run out: they are below u32::MAX, which means any).
 /// Clone `name`'s configuration before its disks are copied: the saved
 /// domain's, with its own name and vsock CID.
 fn clone_config(base: &DomainConfig, name: &str, cid: Option<u64>) -> DomainConfig {
@@ -283,6 +280,9 @@ fn clone_config(base: &DomainConfig, name: &str, cid: Option<u64>) -> DomainConf
     c
 }
 
+/// Up to `n` vsock CIDs above `saved` that no domain in `used` has and
+/// that `host_free` says no other VM on the host holds (fewer when the
+/// CIDs run out: they are below u32::MAX, which means any).
 fn free_cids(
     saved: u64,
     used: &HashSet<u64>,
