@@ -112,6 +112,19 @@ impl End {
         }
     }
 
+    /// Whether the end was none the guest was asked for: a crash, or a
+    /// reset while nothing or a power-off was asked (a triple fault resets,
+    /// and one can come while the guest powers off: CI of 2026-11-26, a
+    /// guest reset 0.8 s after its power button), which the log then
+    /// explains with the VMM's last lines.
+    pub(crate) fn unexpected(self, requested: Option<Request>) -> bool {
+        match self {
+            End::Crashed => true,
+            End::Rebooted => requested != Some(Request::Reboot),
+            End::PoweredOff | End::Migrated => false,
+        }
+    }
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             End::PoweredOff => "powered off",
@@ -201,7 +214,7 @@ impl Daemon {
                 act.as_str()
             ),
         );
-        if end == End::Crashed || (end == End::Rebooted && requested.is_none()) {
+        if end.unexpected(requested) {
             // What is left to tell why, before on_crash may remove it or a
             // restart starts new logs.
             self.log_crash_evidence(r);
@@ -414,6 +427,16 @@ mod tests {
         assert_eq!(End::of(Some(4), Some(Request::PowerOff)), End::Crashed);
         // Migrated away: removed here whatever its actions say.
         assert_eq!(End::of(Some(5), None), End::Migrated);
+        // Ends nobody asked for get the VMM's last lines in the log: a
+        // reset during a power-off too (a triple fault on the way down).
+        let reset = End::of(Some(3), Some(Request::PowerOff));
+        assert_eq!(reset, End::Rebooted);
+        assert!(reset.unexpected(Some(Request::PowerOff)));
+        assert!(End::Rebooted.unexpected(None));
+        assert!(End::Crashed.unexpected(Some(Request::Reboot)));
+        assert!(!End::Rebooted.unexpected(Some(Request::Reboot)));
+        assert!(!End::PoweredOff.unexpected(Some(Request::PowerOff)));
+        assert!(!End::Migrated.unexpected(None));
         let keep = [Action::Preserve; 3];
         assert_eq!(
             next(End::Migrated, keep, 0),

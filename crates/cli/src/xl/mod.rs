@@ -533,6 +533,18 @@ pub fn shutdown(name: &str, a: ShutdownArgs) -> ExitCode {
                         ExitCode::from(1)
                     });
                 }
+                // Running again although a power-off does not restart it:
+                // the guest reset (or crashed) on the way down.
+                _ if restarted
+                    && name == "shutdown"
+                    && before.on_poweroff.as_deref() != Some("restart") =>
+                {
+                    return Err(format!(
+                        "domain {dom} reset instead of shutting down and runs again \
+                         (pid {}; `domus dmesg` has why)",
+                        or_null(now.pid)
+                    ));
+                }
                 _ if restarted => {
                     let done = if name == "reboot" {
                         "rebooted"

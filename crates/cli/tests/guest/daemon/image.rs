@@ -153,7 +153,11 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     // The power button: systemd-logind powers it off.
     let (ok, out, err) = domus_cli(&state, &["shutdown", "-w", "web"]);
     assert!(ok, "{out}{err}");
-    assert!(find(&state, "web").is_none());
+    let left = find(&state, "web");
+    assert!(
+        left.is_none(),
+        "web is still listed after its power-off: {left:?}"
+    );
     eprintln!(
         "image domain: powered off after {:.1} s",
         started.elapsed().as_secs_f64()
