@@ -265,9 +265,12 @@ def measure(out, only, quick):
     if os.path.exists(out):
         with open(out) as f:
             done = json.load(f)
-    todo = [x for x in (only or EXPERIMENTS) if x not in done.get("experiments", {})]
+    # Measured already at this size (an earlier --quick run's are measured
+    # again at full size, and the reverse; each kept until its new run ends).
+    had = done.get("experiments", {})
+    todo = [x for x in (only or EXPERIMENTS) if had.get(x, {}).get("quick") != quick]
     if not todo:
-        say("every experiment asked for is measured already")
+        say("every experiment asked for is measured already at this size")
         return
     record = envs.benchlib.image_record(IMAGES, IMAGE)
     # BENCH_WORK_DIR: tools/bench-paper's scratch disk in the nested host.
