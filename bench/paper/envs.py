@@ -175,7 +175,10 @@ class Guest:
         if r.returncode != 0:
             if not self.alive():
                 raise Restarted(f"{self.name}: the guest vanished during `{cmd}`; {self.evidence()}")
-            raise RuntimeError(f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}")
+            # 255: ssh lost the guest that still runs (a guest that hangs
+            # in the nested host's way): what it and its VMM last said.
+            why = f"; {self.evidence()}" if r.returncode == 255 else ""
+            raise RuntimeError(f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}{why}")
         return r.stdout
 
     def put(self, local, name):
