@@ -187,7 +187,12 @@ pub fn net_rx(data: &[u8]) {
     let mut frame = vec![0xa5u8; len];
     for _ in 0..usize::from(q.size()) + 1 {
         match crate::net::take_rx_chains(&mut q, &mem, len, mrg) {
-            None => break,
+            None => {
+                // Short of buffers: the device asks for a kick (writes
+                // avail_event through the guest's used ring address).
+                let _ = crate::net::wait_for_buffers(&mut q, &mem);
+                break;
+            }
             Some(Err(())) => {}
             Some(Ok(chains)) => {
                 assert!(!chains.is_empty());
