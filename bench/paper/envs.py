@@ -190,9 +190,19 @@ class Guest:
         systemd's start-up jobs): it printed SSH keys to the serial
         console and ran its jobs beside the first trial, which it then
         charged to whichever guest went first (a paused guest picks up
-        where it left off)."""
-        self.sh("timeout 300 cloud-init status --wait >/dev/null 2>&1; "
-                "timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; true", 600)
+        where it left off). cloud-init may restart sshd meanwhile, which
+        drops the session (ssh's 255, "Broken pipe"): asked again, at
+        most three times."""
+        for attempt in range(3):
+            try:
+                self.sh("timeout 300 cloud-init status --wait >/dev/null 2>&1; "
+                        "timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; true", 600)
+                return
+            except RuntimeError as e:
+                if attempt == 2 or "failed (255)" not in str(e):
+                    raise
+                say(f"{self.name}: the session ended while the boot settled; asking again")
+                time.sleep(5)
 
     def wait_up(self, deadline):
         """Waits for the SSH banner, then for a login with the key."""
