@@ -237,6 +237,13 @@ pub trait VirtioDevice: Send {
     }
 }
 
+/// Where a split queue of `size` entries keeps `avail_event` (the device's
+/// "kick me at this index", with event idx): the u16 after the used ring's
+/// 4-byte header and 8-byte elements, as an offset from the used ring.
+pub fn avail_event_offset(size: u16) -> u64 {
+    4 + 8 * u64::from(size)
+}
+
 /// True if the driver's available index is further ahead of the device
 /// than the queue holds: the ring is corrupt and nothing can be taken
 /// from it (`virtio-queue` then yields no chains, so a device loop that

@@ -101,7 +101,7 @@ pub fn report(
                 used_event: at(avail, 4 + 2 * size),
                 used_flags: at(used, 0),
                 used_idx: at(used, 2),
-                avail_event: at(used, 4 + 8 * size),
+                avail_event: at(used, crate::avail_event_offset(q.size())),
                 signalled_at: signals.last(i),
                 vector: msix.vector_info(vector),
             }

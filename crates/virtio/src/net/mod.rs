@@ -328,9 +328,10 @@ pub fn wait_for_buffers(q: &mut Queue, mem: &Memory) -> bool {
         return false;
     };
     if q.event_idx_enabled() {
-        // avail_event: the u16 after the used ring's elements.
-        let at = 4 + 8 * u64::from(q.size());
-        let Some(addr) = q.used_ring().checked_add(at) else {
+        let Some(addr) = q
+            .used_ring()
+            .checked_add(crate::avail_event_offset(q.size()))
+        else {
             return false;
         };
         if mem
