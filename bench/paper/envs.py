@@ -30,6 +30,12 @@ def say(msg):
     print(f"bench/paper: {msg}", file=sys.stderr, flush=True)
 
 
+class SessionLost(RuntimeError):
+    """ssh lost a guest that still runs (its status 255): a guest that
+    hangs in the nested host's way, or an sshd restarted under the
+    session."""
+
+
 class Restarted(Exception):
     """A guest reset or vanished (the nested host's triple faults, README
     "Known issues"): tools/bench-paper runs the experiment again in a
@@ -175,10 +181,11 @@ class Guest:
         if r.returncode != 0:
             if not self.alive():
                 raise Restarted(f"{self.name}: the guest vanished during `{cmd}`; {self.evidence()}")
-            # 255: ssh lost the guest that still runs (a guest that hangs
-            # in the nested host's way): what it and its VMM last said.
-            why = f"; {self.evidence()}" if r.returncode == 255 else ""
-            raise RuntimeError(f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}{why}")
+            what = f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}"
+            if r.returncode == 255:
+                # With what the guest and its VMM last said.
+                raise SessionLost(f"{what}; {self.evidence()}")
+            raise RuntimeError(what)
         return r.stdout
 
     def put(self, local, name):
@@ -198,8 +205,8 @@ class Guest:
                 self.sh("timeout 300 cloud-init status --wait >/dev/null 2>&1; "
                         "timeout 120 systemctl is-system-running --wait >/dev/null 2>&1; true", 600)
                 return
-            except RuntimeError as e:
-                if attempt == 2 or "failed (255)" not in str(e):
+            except SessionLost:
+                if attempt == 2:
                     raise
                 say(f"{self.name}: the session ended while the boot settled; asking again")
                 time.sleep(5)
