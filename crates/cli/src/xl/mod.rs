@@ -537,7 +537,8 @@ pub fn shutdown(name: &str, a: ShutdownArgs) -> ExitCode {
                 // the guest reset (or crashed) on the way down.
                 _ if restarted
                     && name == "shutdown"
-                    && before.on_poweroff.as_deref() != Some("restart") =>
+                    && before.on_poweroff.as_deref()
+                        != Some(domus_api::domain::Action::Restart.as_str()) =>
                 {
                     return Err(format!(
                         "domain {dom} reset instead of shutting down and runs again \
