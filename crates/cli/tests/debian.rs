@@ -170,7 +170,7 @@ fn debian_systemd_guest_boots_with_no_failed_unit_and_powers_off_on_the_button()
             Err(mpsc::RecvTimeoutError::Timeout) => panic!(
                 "the console was silent for {SILENCE_S} s ({:.0} s into the boot)\n{}\nconsole:\n{}",
                 start.elapsed().as_secs_f64(),
-                common::stall_report(vmm.0.id(), &dir, &console.join("\n"), None),
+                common::stall_report(vmm.0.id(), &dir, &console.join("\n"), Some(&sock)),
                 tail(&console)
             ),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -200,8 +200,12 @@ fn debian_systemd_guest_boots_with_no_failed_unit_and_powers_off_on_the_button()
         let left = Duration::from_secs(POWEROFF_S).saturating_sub(pressed.elapsed());
         match rx.recv_timeout(left) {
             Ok(line) => console.push(line),
+            // The guest stopped on its way down: capture why, as for a
+            // silent boot, so that tools/test can tell the nested host's
+            // stall from Domus's.
             Err(mpsc::RecvTimeoutError::Timeout) => panic!(
-                "still running {POWEROFF_S} s after the power button; console:\n{}",
+                "still running {POWEROFF_S} s after the power button\n{}\nconsole:\n{}",
+                common::stall_report(vmm.0.id(), &dir, &console.join("\n"), Some(&sock)),
                 tail(&console)
             ),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
