@@ -189,8 +189,13 @@ class Guest:
         return r.stdout
 
     def put(self, local, name):
-        subprocess.run(["scp", "-q", *self.ssh_args(), local, f"debian@{self.ip}:{name}"],
-                       check=True, capture_output=True, timeout=300)
+        r = subprocess.run(["scp", "-q", *self.ssh_args(), local, f"debian@{self.ip}:{name}"],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            what = f"{self.name}: scp of {name} failed ({r.returncode}): {r.stderr.strip()[-500:]}"
+            if r.returncode == 255:
+                raise SessionLost(f"{what}; {self.evidence()}")
+            raise RuntimeError(what)
 
     def settle(self):
         """Waits for the boot's own work to end (cloud-init's last stage,
@@ -225,8 +230,16 @@ class Guest:
             except subprocess.TimeoutExpired:
                 r = None  # a login that hung: a guest that reset under it, or a slow one
             if r is not None and r.returncode == 0:
-                self.put(HELPER, "domus-guest")
-                self.settle()
+                try:
+                    self.put(HELPER, "domus-guest")
+                    self.settle()
+                except SessionLost:
+                    # A guest that reset under the copy or the settling
+                    # is made again by the caller; any other loss is not.
+                    if not self.alive():
+                        raise Restarted(f"{self.name}: the guest reset right after its SSH login; "
+                                        f"{self.evidence()}") from None
+                    raise
                 return
             if not self.alive():
                 raise Restarted(f"{self.name}: the guest reset before its SSH login; {self.evidence()}")
