@@ -292,6 +292,53 @@ def destroy(dom, prefix, n):
         drop(dom, f"{prefix}-{i}")
 
 
+class Steps:
+    """The clones of an experiment that measures N of them at a time for
+    growing N, started only when a count first needs them (each step's
+    new ones a group of their own, PREFIX<N>-1 to -K, made by one `domus
+    clone`): a nested host that dies under 8 clones has measured 1, 2
+    and 4 by then. `prepare(new)` runs in the new ones before they are
+    paused."""
+
+    def __init__(self, dom, run, prefix, prepare=None):
+        self.dom, self.run, self.prefix, self.prepare = dom, run, prefix, prepare
+        self.clones, self.groups = [], []
+
+    def first(self, n):
+        """The first n clones, paused, starting the ones missing."""
+        if n > len(self.clones):
+            k, group = n - len(self.clones), f"{self.prefix}{n}"
+            self.groups.append((group, k))
+            new = start_clones(self.dom, self.run, k, group)
+            if self.prepare:
+                self.prepare(new)
+            for c in new:
+                c.pause()
+            self.clones += new
+        return self.clones[:n]
+
+    def destroy(self):
+        for group, k in self.groups:
+            destroy(self.dom, group, k)
+
+
+def resumed(run, name, settings):
+    """Experiment `name`'s record, `settings` plus `runs` ({env: {N:
+    [trial, ...]}}), saved (run.save) as the caller adds to it: the one
+    an earlier nested host of this measure left in `partial`, if it ran
+    at the same size with the same settings, else a fresh one."""
+    partial = run.done.setdefault("partial", {})
+    mine = partial.get(name)
+    if (mine is None or mine.get("quick") != run.quick
+            or any(mine["runs"].get(k) != v for k, v in settings.items())):
+        mine = partial[name] = {"quick": run.quick, "runs": dict(settings, runs={})}
+    else:
+        kept = {env: sorted(int(n) for n, trials in per_n.items() if trials)
+                for env, per_n in mine["runs"]["runs"].items()}
+        say(f"{name}: keeping what an earlier nested host measured (N per environment: {kept})")
+    return mine["runs"]
+
+
 def at_once(fns):
     """Runs the functions at the same time; their results, in order. The
     first failure is raised once all have ended."""
@@ -436,39 +483,40 @@ def fig4(environments, run):
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
     secs = 5 if run.quick else 20
+    res = resumed(run, "fig4", {"template_mib": TEMPLATE_MIB, "counts": counts, "seconds": secs})
     if native is not None:
         native.sh(" && ".join(f"(mkdir -p web{i} && cd web{i} && "
                               + workloads.web_prepare(native.helper, workloads.WEB_PORT + i, 1) + ")"
                               for i in range(most)), 600)
+    steps = Steps(dom, run, "web", lambda new: sh_all(
+        new, workloads.web_prepare(envs.GUEST_HELPER, workloads.WEB_PORT, 1), 300))
     try:
-        clones = start_clones(dom, run, most, "web")
-        sh_all(clones, workloads.web_prepare(envs.GUEST_HELPER, workloads.WEB_PORT, 1), 300)
-        for c in clones:
-            c.pause()
-
         def wrk_all(targets):
             return at_once([lambda ip=ip, port=port: wrk(ip, port, secs, script) for ip, port in targets])
 
-        res = {"template_mib": TEMPLATE_MIB, "counts": counts, "seconds": secs, "runs": {}}
         for t in range(run.count):
             for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
                 for n in counts:
+                    got = res["runs"].setdefault(name, {}).setdefault(str(n), [])
+                    if len(got) > t:
+                        continue
                     if name == "native":
                         each = wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)])
                     else:
-                        for c in clones[:n]:
+                        clones = steps.first(n)
+                        for c in clones:
                             c.resume()
                         try:
-                            each = wrk_all([(c.ip, workloads.WEB_PORT) for c in clones[:n]])
+                            each = wrk_all([(c.ip, workloads.WEB_PORT) for c in clones])
                         finally:
-                            for c in clones[:n]:
+                            for c in clones:
                                 c.pause()
                     say(f"fig4: trial {t + 1}: {name}, {n} server(s): {sum(each):.0f} req/s")
-                    res["runs"].setdefault(name, {}).setdefault(str(n), []).append(
-                        {"total": sum(each), "each": each})
+                    got.append({"total": sum(each), "each": each})
+                    run.save()
         return res
     finally:
-        destroy(dom, "web", most)
+        steps.destroy()
         if native is not None:
             native.sh("; ".join(f"(cd web{i} && {workloads.web_stop()})" for i in range(most))
                       + "; true", 60)
@@ -562,40 +610,51 @@ def scal(environments, run):
     between domains, and the nested host's memory per idle clone."""
     dom = domus_of(environments)
     native = next((e for e in environments if e.name == "native"), None)
+    # The template first (restored or made), so that admission's count and
+    # the memory read below are the same in every nested host.
+    template(dom, run)
     most = min(SCAL_MAX if not run.quick else 8, most_clones(dom))
     counts = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= most} | {most})
     secs = 20 if run.quick else 30
+    res = resumed(run, "scal", {"template_mib": TEMPLATE_MIB, "most": most, "counts": counts,
+                                "seconds": secs})
     before = mem_available_mib()
+    steps = Steps(dom, run, "cpu")
     try:
-        clones = start_clones(dom, run, most, "cpu", pause=True)
-        time.sleep(5)
-        per_idle = (before - mem_available_mib()) / most
-        say(f"scal: {most} clones hold {per_idle:.1f} MiB each of the nested host's memory, paused")
-        res = {"template_mib": TEMPLATE_MIB, "most": most, "counts": counts, "seconds": secs, "idle_mib_per_domain": per_idle,
-               "runs": {}}
         for t in range(run.count):
             for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
                 for n in counts:
+                    got = res["runs"].setdefault(name, {}).setdefault(str(n), [])
+                    if len(got) > t:
+                        continue
                     if name == "native":
                         each = native_sysbench(native, n, secs + n)
                         window = None
                     else:
-                        for c in clones[:n]:
+                        clones = steps.first(n)
+                        for c in clones:
                             c.resume()
                         try:
                             # N SSH logins take longer to start them all.
-                            each, window = concurrent_rates(clones[:n], sysbench_script(secs + n),
+                            each, window = concurrent_rates(clones, sysbench_script(secs + n),
                                                             secs + n, "sysbench")
                         finally:
-                            for c in clones[:n]:
+                            for c in clones:
                                 c.pause()
                     say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
                         f"(each {min(each):.0f} to {max(each):.0f})")
-                    res["runs"].setdefault(name, {}).setdefault(str(n), []).append(
-                        {"total": sum(each), "each": each, "window": window})
+                    got.append({"total": sum(each), "each": each, "window": window})
+                    run.save()
+        if "idle_mib_per_domain" not in res:
+            steps.first(most)
+            time.sleep(5)
+            res["idle_mib_per_domain"] = (before - mem_available_mib()) / most
+            say(f"scal: {most} clones hold {res['idle_mib_per_domain']:.1f} MiB each of the nested "
+                "host's memory, paused")
+            run.save()
         return res
     finally:
-        destroy(dom, "cpu", most)
+        steps.destroy()
 
 
 def native_sysbench(native, n, secs):
