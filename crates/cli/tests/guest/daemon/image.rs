@@ -231,7 +231,20 @@ fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> Stri
         if started.elapsed() > Duration::from_secs(300) {
             let console = std::fs::read_to_string(state.join(format!("domains/{id}/console.log")))
                 .unwrap_or_default();
-            panic!("{name}: no DHCP lease after 300 s; console:\n{console}");
+            // A guest that stopped on the way (CI once saw its console end
+            // mid-line 5 s into the kernel's boot) is captured as
+            // expect_console's are, so that tools/test can tell the nested
+            // host's stall from Domus's.
+            let report = match find(state, name).and_then(|d| d.pid) {
+                Some(pid) => {
+                    let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+                    let _ = std::fs::create_dir_all(&dir);
+                    let api = state.join(format!("domains/{id}/api.sock"));
+                    crate::common::stall_report(pid as u32, &dir, &console, Some(&api))
+                }
+                None => format!("domus-test: domain {name} has no VMM running"),
+            };
+            panic!("{name}: no DHCP lease after 300 s\n{report}\nconsole:\n{console}");
         }
         std::thread::sleep(Duration::from_millis(500));
     }
