@@ -235,15 +235,7 @@ fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> Stri
             // mid-line 5 s into the kernel's boot) is captured as
             // expect_console's are, so that tools/test can tell the nested
             // host's stall from Domus's.
-            let report = match find(state, name).and_then(|d| d.pid) {
-                Some(pid) => {
-                    let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
-                    let _ = std::fs::create_dir_all(&dir);
-                    let api = state.join(format!("domains/{id}/api.sock"));
-                    crate::common::stall_report(pid as u32, &dir, &console, Some(&api))
-                }
-                None => format!("domus-test: domain {name} has no VMM running"),
-            };
+            let report = stall_capture(state, name, &console);
             panic!("{name}: no DHCP lease after 300 s\n{report}\nconsole:\n{console}");
         }
         std::thread::sleep(Duration::from_millis(500));

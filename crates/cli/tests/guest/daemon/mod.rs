@@ -323,20 +323,27 @@ fn expect_console(state: &std::path::Path, dom: &str, needle: &str, times: usize
     let shown = std::fs::read_to_string(&console).unwrap_or_default();
     let tail: Vec<&str> = shown.lines().rev().take(20).collect();
     let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
-    // The VMM running now: a restart may have replaced the first one.
-    let report = match find(state, dom).and_then(|d| d.pid) {
-        Some(pid) => {
-            let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
-            let _ = std::fs::create_dir_all(&dir);
-            let api = state.join(format!("domains/{}/api.sock", d.id));
-            crate::common::stall_report(pid as u32, &dir, &shown, Some(&api))
-        }
-        None => format!("domus-test: domain {dom} has no VMM running"),
-    };
+    let report = stall_capture(state, dom, &shown);
     panic!(
         "domain {dom}'s console did not show {needle:?} {times} time(s) in {secs} s\n\
          {report}\n---- its console, last lines:\n{tail}"
     );
+}
+
+/// A capture (common::stall_report, its virtio rings included) of the VMM
+/// that runs domain `dom` now (a restart may have replaced the first one),
+/// whose console so far is `console`: its line `domus-test: platform
+/// stall:` is what tools/test runs again in a fresh nested host.
+fn stall_capture(state: &std::path::Path, dom: &str, console: &str) -> String {
+    match find(state, dom).and_then(|d| Some((d.id, d.pid?))) {
+        Some((id, pid)) => {
+            let dir = std::env::temp_dir().join(format!("domus-test-stall-{pid}"));
+            let _ = std::fs::create_dir_all(&dir);
+            let api = state.join(format!("domains/{id}/api.sock"));
+            crate::common::stall_report(pid as u32, &dir, console, Some(&api))
+        }
+        None => format!("domus-test: domain {dom} has no VMM running"),
+    }
 }
 
 /// The VMM's resident memory (VmRSS) in MiB; 0 once it is gone.
