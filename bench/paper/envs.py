@@ -179,23 +179,26 @@ class Guest:
                 raise Restarted(f"{self.name}: the guest vanished during `{cmd}`; {self.evidence()}")
             raise
         if r.returncode != 0:
-            if not self.alive():
-                raise Restarted(f"{self.name}: the guest vanished during `{cmd}`; {self.evidence()}")
-            what = f"{self.name}: `{cmd}` failed ({r.returncode}): {r.stderr[-2000:]}"
-            if r.returncode == 255:
-                # With what the guest and its VMM last said.
-                raise SessionLost(f"{what}; {self.evidence()}")
-            raise RuntimeError(what)
+            self.failed(f"`{cmd}`", r)
         return r.stdout
 
     def put(self, local, name):
         r = subprocess.run(["scp", "-q", *self.ssh_args(), local, f"debian@{self.ip}:{name}"],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
-            what = f"{self.name}: scp of {name} failed ({r.returncode}): {r.stderr.strip()[-500:]}"
-            if r.returncode == 255:
-                raise SessionLost(f"{what}; {self.evidence()}")
-            raise RuntimeError(what)
+            self.failed(f"scp of {name}", r)
+
+    def failed(self, what, r):
+        """Raises for ssh's or scp's failed `r`: Restarted when the guest
+        reset or vanished under it (the caller makes it again), SessionLost
+        for ssh's 255 with what the guest and its VMM last said, else a
+        RuntimeError."""
+        if not self.alive():
+            raise Restarted(f"{self.name}: the guest vanished during {what}; {self.evidence()}")
+        what = f"{self.name}: {what} failed ({r.returncode}): {r.stderr[-2000:]}"
+        if r.returncode == 255:
+            raise SessionLost(f"{what}; {self.evidence()}")
+        raise RuntimeError(what)
 
     def settle(self):
         """Waits for the boot's own work to end (cloud-init's last stage,
@@ -230,16 +233,8 @@ class Guest:
             except subprocess.TimeoutExpired:
                 r = None  # a login that hung: a guest that reset under it, or a slow one
             if r is not None and r.returncode == 0:
-                try:
-                    self.put(HELPER, "domus-guest")
-                    self.settle()
-                except SessionLost:
-                    # A guest that reset under the copy or the settling
-                    # is made again by the caller; any other loss is not.
-                    if not self.alive():
-                        raise Restarted(f"{self.name}: the guest reset right after its SSH login; "
-                                        f"{self.evidence()}") from None
-                    raise
+                self.put(HELPER, "domus-guest")
+                self.settle()
                 return
             if not self.alive():
                 raise Restarted(f"{self.name}: the guest reset before its SSH login; {self.evidence()}")

@@ -211,10 +211,8 @@ def most_clones(dom):
     return info["free_memory_mib"] // FOOTPRINT_MIB
 
 
-def start_clones(dom, run, n, prefix, pause=False):
-    """`domus clone SNAP N PREFIX`, then each clone's lease and login; with
-    `pause`, each clone is paused once it is up (experiments that run a
-    few of many at a time)."""
+def start_clones(dom, run, n, prefix):
+    """`domus clone SNAP N PREFIX`, then each clone's lease and login."""
     snap = template(dom, run)
     t0 = time.monotonic()
     for attempt in range(REPLACEMENTS + 1):
@@ -255,8 +253,6 @@ def start_clones(dom, run, n, prefix, pause=False):
                 run.done.setdefault("clones_replaced", []).append({"clone": c.name, "why": str(e)[:800]})
                 replace(dom, run, snap, c.name)
                 deadline = max(deadline, time.monotonic() + 300)
-        if pause:
-            c.pause()
     say(f"{n} clones up in {time.monotonic() - t0:.0f} s: "
         + ", ".join(f"{c.name} {c.ip}" for c in clones))
     return clones
