@@ -391,6 +391,8 @@ pub fn host(stand_in: StandIn) -> HostOps {
 #[derive(Default)]
 pub struct FakeFirewall {
     pub rules: Mutex<BTreeMap<String, crate::vfr::Policy>>,
+    /// How long a removal takes (nft, slow on a busy host), in ms.
+    pub remove_ms: std::sync::atomic::AtomicU64,
 }
 
 impl crate::vfr::Firewall for FakeFirewall {
@@ -400,6 +402,8 @@ impl crate::vfr::Firewall for FakeFirewall {
     }
 
     fn remove(&self, tap: &str) -> std::io::Result<()> {
+        let ms = self.remove_ms.load(std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(ms));
         self.rules.lock().unwrap().remove(tap);
         Ok(())
     }

@@ -194,6 +194,12 @@ pub struct Daemon {
     restart_log: Mutex<HashMap<i64, Vec<std::time::Instant>>>,
     /// Live migrations sent from here, by domain name.
     migrations: migrate::Migrations,
+    /// Taps of interfaces being detached, which a thread removes once the
+    /// guest lets go (`network_detach`). Held while a tap is named and
+    /// made for a new interface and while such a thread removes one, so a
+    /// new interface never gets the name of a tap whose removal is under
+    /// way (which would take the new tap's rules with it).
+    unplugging: Arc<Mutex<std::collections::HashSet<String>>>,
     host: HostOps,
     /// The default network, once it runs (`--network`; not in tests that
     /// stand in for the host).
@@ -459,6 +465,7 @@ impl Daemon {
             waker: watch::Waker::new()?,
             restart_log: Mutex::new(HashMap::new()),
             migrations: Mutex::new(HashMap::new()),
+            unplugging: Arc::default(),
             network: std::sync::OnceLock::new(),
             host,
         });

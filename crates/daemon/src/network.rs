@@ -102,11 +102,6 @@ impl Daemon {
     /// [`Daemon::network_attach`] of a parsed vif.
     pub(crate) fn attach_vif(&self, dom: &str, mut vif: domus_xlcfg::Vif) -> Result<DeviceInfo> {
         let r = self.find(dom)?;
-        let taps = self.taps(r.id);
-        let i = (0..)
-            .find(|i| !taps.contains(&self.tap_name(r.id, *i)))
-            .unwrap_or(0);
-        let tap = self.tap_name(r.id, i);
         let mac = vif.mac.clone().unwrap_or_else(crate::vifs::random_mac);
         vif.mac = Some(mac.clone());
         if r.state != State::Running {
@@ -121,7 +116,18 @@ impl Daemon {
         // A jailed VMM, no longer root, may open only a tap that is its
         // user's.
         let owner = self.running_jail(&r).map(|j| (j.uid, j.gid));
-        self.plug_tap(&tap, &vif, owner)?;
+        // The first index with no tap and none being removed, named and
+        // made while a detach's thread cannot remove a tap.
+        let tap = {
+            let pending = lock(&self.unplugging);
+            let taps = self.taps(r.id);
+            let tap = (0..)
+                .map(|i| self.tap_name(r.id, i))
+                .find(|t| !taps.contains(t) && !pending.contains(t))
+                .unwrap_or_else(|| self.tap_name(r.id, 0));
+            self.plug_tap(&tap, &vif, owner)?;
+            tap
+        };
         let made = (|| -> Result<DeviceInfo> {
             let mut net = crate::lifecycle::net_spec(tap.clone(), &vif, Some(mac.clone()));
             // A jailed VMM cannot open /dev/net/tun: it is handed one.
@@ -192,17 +198,26 @@ impl Daemon {
             Ok(())
         })?;
         // The tap goes once the guest has let go and the VMM closed it (at
-        // most 60 s later; if the guest never does, destroy removes it).
+        // most 60 s later; if the guest never does, destroy removes it),
+        // unless a restart or destroy removed it first (`unplug_tap`).
         let (api, dev) = (api.with_timeout(Duration::from_secs(2)), id.clone());
         let (taps, fw) = (self.host.taps.clone(), self.host.firewall.clone());
+        let pending = self.unplugging.clone();
+        lock(&pending).insert(tap.clone());
         std::thread::spawn(move || {
             let end = Instant::now() + Duration::from_secs(60);
             while Instant::now() < end {
-                match api.device(&dev) {
-                    Ok(_) => std::thread::sleep(Duration::from_millis(200)),
-                    _ => return crate::vifs::unplug(&*taps, fw.as_deref(), &tap),
+                if api.device(&dev).is_ok() {
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
                 }
+                let mut p = lock(&pending);
+                if p.remove(&tap) {
+                    crate::vifs::unplug(&*taps, fw.as_deref(), &tap);
+                }
+                return;
             }
+            lock(&pending).remove(&tap);
         });
         self.log_domain(
             &r.name,

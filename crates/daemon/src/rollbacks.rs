@@ -138,6 +138,43 @@ fn attach_and_detach_keep_taps_and_the_configuration_in_step() {
     b.done();
 }
 
+/// A new interface attached while a detached one's tap is being removed
+/// (the tap gone, its VFR rules not yet: nft is slow on a busy host) gets
+/// a tap whose rules stay. Before, it took the free name and the removal
+/// then deleted the new tap's rules (the bench's clones, whose restored
+/// interface is detached and a new one attached at once, were left with
+/// a lease the VFR could not learn).
+#[test]
+fn an_interface_attached_while_a_detached_ones_rules_go_keeps_its_own() {
+    let b = Bench::new("reattach");
+    b.d.create("n.cfg", "/", &config("n", ""), &[]).unwrap();
+    let first = b.d.network_attach("n", "bridge=br0").unwrap();
+    let old = first.fact("tap").to_string();
+    assert_eq!(old, b.d.tap_name(b.d.find("n").unwrap().id, 0));
+    b.vfr.remove_ms.store(500, Ordering::SeqCst);
+    b.d.network_detach("n", first.fact("mac")).unwrap();
+    // The tap goes first, then (500 ms later) its rules.
+    let end = Instant::now() + Duration::from_secs(5);
+    while b.taps.taps.lock().unwrap().contains_key(&old) {
+        assert!(Instant::now() < end, "tap {old} stayed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        b.vfr.rules.lock().unwrap().contains_key(&old),
+        "the rules went first"
+    );
+    let dev = b.d.network_attach("n", "bridge=br0").unwrap();
+    b.vfr.remove_ms.store(0, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(700));
+    let new = dev.fact("tap").to_string();
+    assert_eq!(b.taps(), [(new.clone(), Some("br0".into()))]);
+    assert!(
+        b.vfr.rules.lock().unwrap().contains_key(&new),
+        "{new} lost its rules"
+    );
+    b.done();
+}
+
 #[test]
 fn a_start_whose_tap_cannot_be_made_leaves_nothing() {
     let b = Bench::new("notap");

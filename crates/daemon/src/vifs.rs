@@ -64,7 +64,11 @@ impl Daemon {
     }
 
     /// Removes tap `tap` and then its rules (so it is never up unfiltered).
+    /// A detach's thread waiting to remove it no longer will: the name may
+    /// be given to a new tap after this.
     pub(crate) fn unplug_tap(&self, tap: &str) {
+        let mut pending = lock(&self.unplugging);
+        pending.remove(tap);
         unplug(&*self.host.taps, self.host.firewall.as_deref(), tap);
     }
 
