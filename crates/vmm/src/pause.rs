@@ -124,6 +124,16 @@ impl Pause {
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         s.parked -= 1;
+        drop(s);
+        // kvmclock went on while the vCPU was parked, so the guest finds
+        // the time of the pause gone at once. KVM_KVMCLOCK_CTRL tells it
+        // that it was stopped (the pvclock's PVCLOCK_GUEST_STOPPED, at
+        // its next entry), so its soft-lockup and RCU stall detectors do
+        // not report that time as a hung CPU. EINVAL (a guest without
+        // kvmclock) is nothing to act on.
+        if let Some((_, fd)) = vcpu {
+            let _ = fd.kvmclock_ctrl();
+        }
     }
 
     /// Has every parked vCPU of a paused domain do `work`, and returns once
