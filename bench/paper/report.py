@@ -184,13 +184,16 @@ def multi_sections(exps, doc):
             ("fig4", "Figure 4: concurrent web servers", rm.fig4_table, rm.plot_fig4),
             ("fig5", "Figure 5: differentiated service", rm.fig5_table, rm.plot_fig5),
             ("fig6", "Figure 6: performance isolation (section 4.4)", rm.fig6_table, rm.plot_fig6),
-            ("scal", "Scalability (section 4.5)", lambda e: rm.scal_table(e, cpus), rm.plot_scal)):
+            ("scal", "Scalability (section 4.5)", lambda e: rm.scal_table(e, cpus), rm.plot_scal),
+            ("slice", "Why scalability falls above one domain per CPU: the scheduler's slice",
+             lambda e: rm.slice_table(e, cpus), rm.no_plot)):
         if name not in exps:
             continue
         exp = exps[name]
         rows, tbl = table(exp)
         doc["experiments"][name] = {"rows": rows, "runs": exp["runs"], "quick": exp.get("quick")}
         lines += [f"## {title}", "", rm.describe(name, exp, cpus)] + (tbl if tbl[0] == "" else [""] + tbl)
+        lines += rm.cpu_table(name, exp)
         if plot(rows, os.path.join(HERE, f"{name}.png")):
             lines += ["", f"![{title}]({name}.png)"]
         lines.append("")

@@ -212,6 +212,8 @@ def trials_of(name, exp):
         return len(next(iter(r["phases"].values()))["tps"])
     if name == "fig6":
         return len(r["phases"]["alone"])
+    if name == "slice":
+        return min(len(per_n.get(str(r["domains"]), [])) for per_n in r["runs"].values()) if r["runs"] else 0
     return len(r["runs"].get("domus", {}).get(str(r["counts"][0]), []))
 
 
@@ -237,4 +239,103 @@ def describe(name, exp, cpus):
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
                 f"clone: {r['idle_mib_per_domain']:.1f} MiB.",
+        "slice": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: 1 and {r['domains']} {clones}, "
+                 "each running `sysbench cpu --threads=1`, with the nested host's EEVDF base slice "
+                 "(`/sys/kernel/debug/sched/base_slice_ns`) at its default and at 30 ms (Xen's credit "
+                 "scheduler's default time slice), the order turning each trial (timeslice.py).",
     }[name]()
+
+
+def cpu_of(record):
+    """A trial's CPU use (cpuuse.between), where the run recorded it."""
+    return record.get("cpu") or (record.get("window") or {}).get("cpu")
+
+
+def med_of(uses, f):
+    return med([v for v in (f(u) for u in uses) if v is not None])
+
+
+def cpu_cells(uses, rate=None):
+    """The table cells of CPU use, medians over trials: the nested host's
+    guest mode, kernel, user and idle; the domains' vCPU time and their
+    I/O threads'; the host's work outside the domains; work per vCPU
+    second (if `rate`); vCPU switches and migrations per second."""
+    def dsum(key):
+        return lambda u: sum(d[key] for d in u["domains"].values()) if u["domains"] else None
+    cells = [fmt(med_of(uses, lambda u, k=k: u["host"][k])) for k in ("guest", "kernel", "user", "idle")]
+    cells += [fmt(med_of(uses, dsum("vcpu"))), fmt(med_of(uses, dsum("io"))),
+              fmt(med_of(uses, lambda u: u["outside"]))]
+    if rate is not None:
+        cells.append(fmt(med_of(uses, lambda u: rate(u) / dsum("vcpu")(u)
+                                if u["domains"] and dsum("vcpu")(u) else None), 0))
+    cells += [fmt(med_of(uses, dsum("switches")), 0), fmt(med_of(uses, dsum("migrations")), 0)]
+    return cells
+
+
+CPU_HEAD = ("nested host's CPUs in guest mode | in its kernel | in user space | idle | domains' vCPU "
+            "threads | domains' I/O threads | outside the domains")
+CPU_TAIL = "vCPU switches/s | vCPU migrations/s |"
+
+
+def cpu_table(name, exp):
+    """Where the nested host's CPUs went during each measurement (in CPUs:
+    seconds per second), for the runs that recorded it (cpuuse.py)."""
+    res = exp["runs"]
+    lines = []
+    if name in ("scal", "fig4"):
+        unit = "events" if name == "scal" else "requests"
+        for env, per_n in res["runs"].items():
+            for n in res["counts"]:
+                trials = per_n.get(str(n), [])
+                uses = [cpu_of(r) for r in trials if cpu_of(r)]
+                if not uses:
+                    continue
+                total = med([r["total"] for r in trials if cpu_of(r)])
+                lines.append(f"| {env} | {n} | " + " | ".join(cpu_cells(uses, lambda u: total)) + " |")
+        head = f"| environment | N | {CPU_HEAD} | {unit} per vCPU second | {CPU_TAIL}"
+        cols = 12
+    elif name == "fig6":
+        for phase, runs in res["phases"].items():
+            uses = [r["cpu"] for r in runs if r.get("cpu")]
+            if uses:
+                lines.append(f"| {phase} | " + " | ".join(cpu_cells(uses)) + " |")
+        head = f"| antisocial domains running | {CPU_HEAD} | {CPU_TAIL}"
+        cols = 10
+    else:
+        return []
+    if not lines:
+        return []
+    return (["", "Where the nested host's CPUs went during the measurements (CPUs: seconds per second, "
+             "medians; cpuuse.py). \"Outside the domains\" is the host's busy time less every domain's "
+             "accounted time: its kernel's work not charged to a VMM, the daemon, the bench's own "
+             "clients (wrk, iperf3's server).", "", head, "|" + " ---: |" * cols] + lines)
+
+
+
+def slice_table(exp, cpus):
+    """The `slice` experiment (timeslice.py): 1 and N clones under
+    sysbench cpu at each scheduler slice; N's aggregate against N=1's
+    times min(N, CPUs), the vCPU threads' switches and the work per vCPU
+    second."""
+    res = exp["runs"]
+    n = res["domains"]
+    rows, lines = {}, [f"| slice | 1 domain (events/s) | {n} domains (events/s) | {n} against 1 × "
+                       f"min({n}, CPUs) | vCPU switches/s | events per vCPU second |",
+                       "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, per_n in res["runs"].items():
+        one, many = med(totals(res["runs"], label, 1)), med(totals(res["runs"], label, n))
+        uses = [cpu_of(r) for r in per_n.get(str(n), []) if cpu_of(r)]
+        vcpus = med_of(uses, lambda u: sum(d["vcpu"] for d in u["domains"].values()) or None)
+        switches = med_of(uses, lambda u: sum(d["switches"] for d in u["domains"].values()))
+        ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
+        scale = many / (one * min(n, cpus)) if one and many is not None else None
+        rows[label] = {"slice_ns": ns, "one": one, "many": many, "vs_ideal": scale,
+                       "switches_per_s": switches, "per_vcpu_s": many / vcpus if many and vcpus else None}
+        lines.append(f"| {label} ({fmt(ns / 1e6 if ns else None)} ms) | {fmt(one, 0)} | {fmt(many, 0)} | "
+                     f"{fmt(scale)} | {fmt(switches, 0)} | {fmt(rows[label]['per_vcpu_s'], 0)} |")
+    return rows, lines
+
+
+def no_plot(rows, path):
+    """The experiments whose table says all."""
+    return False

@@ -25,17 +25,21 @@ Experiments (names for --only):
            bandwidths (crates/guest/src/osbench.rs);
   net      Table 6: TCP throughput with iperf3 between the nested host and
            the environment (native: loopback), both ways, MTU 1500 and 500;
-  fig4     Figure 4: 1 to 16 clones serving the web workload at once,
-           against as many native nginx instances;
-  fig5     Figure 5: 8 clones under pgbench at once, equal CPU weights,
-           then weights 1 to 8 (Domus only);
+  fig4     Figure 4: 1 to 16 clones (8 with --quick) serving the web
+           workload at once, against as many native nginx instances;
+  fig5     Figure 5: 8 clones (4 with --quick) under pgbench at once,
+           equal CPU weights, then weights 1 to N (Domus only);
   fig6     Figure 6 (section 4.4): two good clones (web, PostgreSQL) alone
            and beside antisocial ones (disk, fork and memory, network
            hogs; Domus only);
   scal     section 4.5: up to 128 clones (as many as the nested host
            admits) running sysbench cpu at once, against as many native
            processes; memory per idle clone.
-The last four clone one small template domain (multi.py).
+  slice    why scal loses above one domain per CPU: 1 and 4 clones under
+           sysbench cpu with the nested host's scheduler slice at its
+           default and at 30 ms, alternated (timeslice.py; Domus only; run
+           only when --only names it).
+The last five clone one small template domain (multi.py).
 """
 import contextlib
 import json
@@ -50,14 +54,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
 import multi  # noqa: E402
+import timeslice  # noqa: E402
 import workloads  # noqa: E402
 from envs import say  # noqa: E402
 
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
-EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal"]
-MULTI = {"fig4", "fig5", "fig6", "scal"}
+EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice"]
+MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
+# Measurements of why, run only when --only names them.
+DIAGNOSTICS = {"slice"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -268,7 +275,8 @@ def measure(out, only, quick):
     # Measured already at this size (an earlier --quick run's are measured
     # again at full size, and the reverse; each kept until its new run ends).
     had = done.get("experiments", {})
-    todo = [x for x in (only or EXPERIMENTS) if had.get(x, {}).get("quick") != quick]
+    todo = [x for x in (only or [e for e in EXPERIMENTS if e not in DIAGNOSTICS])
+            if had.get(x, {}).get("quick") != quick]
     if not todo:
         say("every experiment asked for is measured already at this size")
         return
@@ -332,7 +340,7 @@ def measure(out, only, quick):
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in environments)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
-                   "scal": multi.scal}[name](environments, run)
+                   "scal": multi.scal, "slice": timeslice.slice_experiment}[name](environments, run)
             done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
                                                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                               time.gmtime())}
