@@ -669,6 +669,10 @@ pub fn run(state: PathBuf, settings: Settings) -> Result<()> {
                    are not filtered, so a domain can send frames with any MAC or address";
         tracing::warn!("{msg}");
         d.log(msg);
+        // A table an earlier daemon of this state left would drop its
+        // taps that it does not name (vfr's base rules): gone, as asked.
+        let t = vfr::table_name(&d.tag);
+        let _ = vfr::nft(&format!("add table bridge {t}\ndelete table bridge {t}\n"));
     }
     // The rules of exactly the domains that run, whatever the last daemon
     // left; then the DHCP leases, as dnsmasq gives them.

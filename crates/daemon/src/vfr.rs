@@ -280,6 +280,11 @@ pub fn table_name(tag: &str) -> String {
 
 /// The table, its verdict maps and its three hooked chains, made if
 /// missing (every line is idempotent) and their dispatch rules put back.
+/// A tap of this daemon's (`dm` and its tag, as the table's name has the
+/// tag) that the maps do not name has no rules, for a moment (made and
+/// not yet given its rules, or being removed) or by a bug: nothing it
+/// sends or would be sent passes. (A tap the maps name ends in its own
+/// chain's verdict, before these rules.)
 fn base_script(t: &str) -> String {
     let mut s = format!("add table bridge {t}\n");
     for map in ["out_of", "into", "fwd_out", "fwd_in"] {
@@ -301,6 +306,12 @@ fn base_script(t: &str) -> String {
          add rule bridge {t} between oifname vmap @fwd_in\n\
          add rule bridge {t} to_domains oifname vmap @into\n"
     );
+    if let Some(tag) = t.strip_prefix("domus_") {
+        s += &format!(
+            "add rule bridge {t} from_domains iifname \"dm{tag}*\" drop\n\
+             add rule bridge {t} to_domains oifname \"dm{tag}*\" drop\n"
+        );
+    }
     s
 }
 

@@ -145,7 +145,8 @@ fn hostile_frames_stop_at_the_bridge_and_legitimate_ones_pass() {
             ip(&format!("link set dmt1n{d} master vbr0 up"));
             ip(&format!("link set g{d} up"));
         }
-        let vfr = Nft::new("test");
+        // Its taps' names begin with `dm` and the tag, as the daemon's.
+        let vfr = Nft::new("t1");
         let a = vif(&format!("mac={MAC_A},ip=10.9.0.2"));
         let b = vif(&format!("mac={MAC_B},ip=10.9.0.3"));
         vfr.apply(&Policy::of("dmt1na", &a, true).unwrap()).unwrap();
@@ -164,10 +165,21 @@ fn hostile_frames_stop_at_the_bridge_and_legitimate_ones_pass() {
             assert!(ca[k] >= 1, "{k} drops not counted: {ca:?}");
         }
         assert!(ca["passed"] >= 1);
-        // Without the VFR, all of them reach B.
+        // A tap of the daemon's with no rules (being made, or removed):
+        // nothing it sends passes.
         vfr.remove("dmt1na").unwrap();
+        let (at_b, at_host) = exchange(ns, victim);
+        assert!(
+            frames::KINDS
+                .iter()
+                .all(|k| seen(&at_b, k) + seen(&at_host, k) == 0),
+            "an unruled tap's frames passed: {at_b:?} {at_host:?}"
+        );
+        // Without the VFR's table, all of them reach B.
+        nft(&format!("delete table bridge {}", table_name("t1"))).unwrap();
         let (at_b, _) = exchange(ns, victim);
         assert!(frames::KINDS.iter().all(|k| seen(&at_b, k) == 1), "{at_b:?}");
+        vfr.apply(&Policy::of("dmt1nb", &b, true).unwrap()).unwrap();
         // Isolated: the host still hears A, B does not.
         let iso = vif(&format!("mac={MAC_A},ip=10.9.0.2,isolated=1"));
         vfr.apply(&Policy::of("dmt1na", &iso, true).unwrap()).unwrap();
