@@ -29,6 +29,8 @@ def base_slice(ns=None):
     given; debugfs is mounted if it is not."""
     if not os.path.exists(BASE_SLICE):
         os.system("mount -t debugfs none /sys/kernel/debug 2>/dev/null")
+    if not os.path.exists(BASE_SLICE):
+        raise RuntimeError(f"the nested host's kernel has no {BASE_SLICE} (EEVDF's, Linux 6.6 and later)")
     if ns is not None:
         with open(BASE_SLICE, "w") as f:
             f.write(str(ns))
@@ -44,7 +46,8 @@ def slice_experiment(environments, run):
                                        "seconds": secs, "default_ns": default})
     steps = multi.Steps(dom, run, "sl")
     try:
-        for t in range(run.count):
+        # Two trials at least, even --quick: a comparison, in turning order.
+        for t in range(max(run.count, 2)):
             for label, ns in envs.rotate([("default", default), ("xen-credit", XEN_TSLICE_NS)], t):
                 for n in (1, DOMAINS):
                     got = res["runs"].setdefault(label, {}).setdefault(str(n), [])
