@@ -92,6 +92,19 @@ def between(a, b):
             "outside": round(busy - used, 3) if doms else None}
 
 
+def during(dom, fn):
+    """`fn()`'s result and the CPU use (`between`) while it ran."""
+    before = sample(dom)
+    out = fn()
+    return out, between(before, sample(dom))
+
+
+def domains_total(use, key):
+    """The sum of `key` (vcpu, io, switches, migrations) over the domains
+    of a `between`; None where it has no domains."""
+    return sum(d[key] for d in use["domains"].values()) if use["domains"] else None
+
+
 def per_vcpu_second(rates, use, names):
     """Each domain's rate divided by its vCPU time per second: the work it
     did per second it actually ran. None where it did not run."""

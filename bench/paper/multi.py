@@ -533,17 +533,16 @@ def fig4(environments, run):
                     if len(got) > t:
                         continue
                     if name == "native":
-                        before = cpuuse.sample(dom)
-                        each = wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)])
-                        use, per_vcpu = cpuuse.between(before, cpuuse.sample(dom)), None
+                        each, use = cpuuse.during(
+                            dom, lambda: wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)]))
+                        per_vcpu = None
                     else:
                         clones = steps.first(n)
                         for c in clones:
                             c.resume()
                         try:
-                            before = cpuuse.sample(dom)
-                            each = wrk_all([(c.ip, workloads.WEB_PORT) for c in clones])
-                            use = cpuuse.between(before, cpuuse.sample(dom))
+                            each, use = cpuuse.during(
+                                dom, lambda: wrk_all([(c.ip, workloads.WEB_PORT) for c in clones]))
                             per_vcpu = cpuuse.per_vcpu_second(each, use, [c.name for c in clones])
                         finally:
                             for c in clones:
@@ -570,8 +569,8 @@ def cpu_note(use):
     return (f"; CPUs: guest {h['guest']:.2f}, kernel {h['kernel']:.2f}, user {h['user']:.2f}, "
             f"idle {h['idle']:.2f}" + (f"; vCPU+I/O: {doms}" if doms else "")
             + (f"; outside the domains {use['outside']:.2f}" if use["outside"] is not None else "")
-            + (f"; vCPU switches {sum(d['switches'] for d in use['domains'].values()):.0f}/s, migrations "
-               f"{sum(d['migrations'] for d in use['domains'].values()):.0f}/s" if use["domains"] else ""))
+            + (f"; vCPU switches {cpuuse.domains_total(use, 'switches'):.0f}/s, migrations "
+               f"{cpuuse.domains_total(use, 'migrations'):.0f}/s" if use["domains"] else ""))
 
 
 def wrk(ip, port, secs, script):
@@ -638,9 +637,8 @@ def fig6(environments, run):
                     c.resume()
                 try:
                     time.sleep(0 if not hogs else 5)  # the hogs under way
-                    before = cpuuse.sample(dom)
-                    vals = good()
-                    vals["cpu"] = cpuuse.between(before, cpuuse.sample(dom))
+                    vals, use = cpuuse.during(dom, good)
+                    vals["cpu"] = use
                 finally:
                     for c in hogs:
                         c.pause()
@@ -683,9 +681,8 @@ def scal(environments, run):
                     if len(got) > t:
                         continue
                     if name == "native":
-                        before = cpuuse.sample(dom)
-                        each = native_sysbench(native, n, secs + n)
-                        window = {"cpu": cpuuse.between(before, cpuuse.sample(dom))}
+                        each, use = cpuuse.during(dom, lambda: native_sysbench(native, n, secs + n))
+                        window = {"cpu": use}
                     else:
                         clones = steps.first(n)
                         for c in clones:

@@ -3,6 +3,7 @@
 plots in the paper's manner."""
 import statistics
 
+import cpuuse
 from report import finish, fmt, pyplot
 
 # Figure 6's target (issue 16): the good domains keep at least 95% of
@@ -261,7 +262,7 @@ def cpu_cells(uses, rate=None):
     I/O threads'; the host's work outside the domains; work per vCPU
     second (if `rate`); vCPU switches and migrations per second."""
     def dsum(key):
-        return lambda u: sum(d[key] for d in u["domains"].values()) if u["domains"] else None
+        return lambda u: cpuuse.domains_total(u, key)
     cells = [fmt(med_of(uses, lambda u, k=k: u["host"][k])) for k in ("guest", "kernel", "user", "idle")]
     cells += [fmt(med_of(uses, dsum("vcpu"))), fmt(med_of(uses, dsum("io"))),
               fmt(med_of(uses, lambda u: u["outside"]))]
@@ -311,7 +312,6 @@ def cpu_table(name, exp):
              "clients (wrk, iperf3's server).", "", head, "|" + " ---: |" * cols] + lines)
 
 
-
 def slice_table(exp, cpus):
     """The `slice` experiment (timeslice.py): 1 and N clones under
     sysbench cpu at each scheduler slice; N's aggregate against N=1's
@@ -325,8 +325,8 @@ def slice_table(exp, cpus):
     for label, per_n in res["runs"].items():
         one, many = med(totals(res["runs"], label, 1)), med(totals(res["runs"], label, n))
         uses = [cpu_of(r) for r in per_n.get(str(n), []) if cpu_of(r)]
-        vcpus = med_of(uses, lambda u: sum(d["vcpu"] for d in u["domains"].values()) or None)
-        switches = med_of(uses, lambda u: sum(d["switches"] for d in u["domains"].values()))
+        vcpus = med_of(uses, lambda u: cpuuse.domains_total(u, "vcpu") or None)
+        switches = med_of(uses, lambda u: cpuuse.domains_total(u, "switches"))
         ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
         scale = many / (one * min(n, cpus)) if one and many is not None else None
         rows[label] = {"slice_ns": ns, "one": one, "many": many, "vs_ideal": scale,
