@@ -342,21 +342,32 @@ class Steps:
             destroy(self.dom, group, k)
 
 
-def resumed(run, name, settings):
-    """Experiment `name`'s record, `settings` plus `runs` ({env: {N:
-    [trial, ...]}}), saved (run.save) as the caller adds to it: the one
-    an earlier nested host of this measure left in `partial`, if it ran
-    at the same size with the same settings, else a fresh one."""
+def resumed(run, name, settings, key="runs"):
+    """Experiment `name`'s record, `settings` plus `key` (by default
+    `runs`, {env: {N: [trial, ...]}}; fig5's `phases`), saved (run.save)
+    as the caller adds to it: the one an earlier nested host of this
+    measure left in `partial`, if it ran at the same size with the same
+    settings, else a fresh one."""
     partial = run.done.setdefault("partial", {})
     mine = partial.get(name)
-    if (mine is None or mine.get("quick") != run.quick
+    if (mine is None or mine.get("quick") != run.quick or key not in mine["runs"]
             or any(mine["runs"].get(k) != v for k, v in settings.items())):
-        mine = partial[name] = {"quick": run.quick, "runs": dict(settings, runs={})}
-    else:
-        kept = {env: sorted(int(n) for n, trials in per_n.items() if trials)
-                for env, per_n in mine["runs"]["runs"].items()}
-        say(f"{name}: keeping what an earlier nested host measured (N per environment: {kept})")
+        mine = partial[name] = {"quick": run.quick, "runs": dict(settings, **{key: {}})}
+    elif mine["runs"][key]:
+        say(f"{name}: keeping what an earlier nested host measured ({kept(mine['runs'][key])})")
     return mine["runs"]
+
+
+def kept(record):
+    """What a partial record holds, in a few words: the trials per N per
+    environment, or per phase."""
+    def count(v):
+        if isinstance(v, list):
+            return len(v)
+        if "tps" in v:  # a fig5 phase
+            return len(v["tps"])
+        return {k: count(x) for k, x in v.items() if count(x)}
+    return ", ".join(f"{k}: {count(v)}" for k, v in record.items())
 
 
 def at_once(fns):
@@ -473,23 +484,28 @@ def fig5(environments, run):
     dom = domus_of(environments)
     n = FIG5_DOMAINS_QUICK if run.quick else FIG5_DOMAINS
     secs = 20 if run.quick else 40
+    # Each trial is saved as it ends: a nested host that dies in the
+    # weighted phase leaves the equal one's trials to the next.
+    res = resumed(run, "fig5", {"template_mib": TEMPLATE_MIB, "domains": n, "seconds": secs},
+                  key="phases")
     try:
         clones = start_clones(dom, run, n, "pg")
         # Each clone's PostgreSQL was running when the template was saved.
         sh_all(clones, workloads.PG_ENV + "for i in $(seq 60); do $as_pg $pgbin/pg_isready -q "
                "&& exit 0; sleep 1; done; exit 1", 120)
-        res = {"template_mib": TEMPLATE_MIB, "domains": n, "seconds": secs, "phases": {}}
         for phase, weights in fig5_phases(n).items():
+            p = res["phases"].setdefault(phase, {"weights": weights, "tps": [], "windows": []})
+            if len(p["tps"]) >= run.count:
+                continue
             for c, w in zip(clones, weights):
                 dom.domus("sched-credit", "-d", c.name, "-w", str(w))
-            rounds, windows = [], []
-            for t in range(run.count):
+            for t in range(len(p["tps"]), run.count):
                 tps, window = concurrent_rates(clones, pg_script(secs, 2), secs, "pgbench")
                 say(f"fig5: {phase} trial {t + 1}: tps " + ", ".join(f"{v:.0f}" for v in tps)
                     + f" (starts {window['spread_s']} s apart)" + cpu_note(window["cpu"]))
-                rounds.append(tps)
-                windows.append(window)
-            res["phases"][phase] = {"weights": weights, "tps": rounds, "windows": windows}
+                p["tps"].append(tps)
+                p["windows"].append(window)
+                run.save()
         return res
     finally:
         destroy(dom, "pg", n)
