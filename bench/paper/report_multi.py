@@ -243,7 +243,10 @@ def describe(name, exp, cpus):
         "slice": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: 1 and {r['domains']} {clones}, "
                  "each running `sysbench cpu --threads=1`, with the nested host's EEVDF base slice "
                  "(`/sys/kernel/debug/sched/base_slice_ns`) at its default and at 30 ms (Xen's credit "
-                 "scheduler's default time slice), the order turning each trial (timeslice.py).",
+                 "scheduler's default time slice)"
+                 + (", and at its default with each vCPU thread asking for a 30 ms slice of its own "
+                    "(`sched_setattr`'s `sched_runtime`, vcpu-threads)" if "vcpu-threads" in r["runs"] else "")
+                 + ", the order turning each trial (timeslice.py).",
     }[name]()
 
 

@@ -12,8 +12,16 @@ longer slice, fewer switches, gives the work back. Linux's EEVDF slice
 (/sys/kernel/debug/sched/base_slice_ns, 3 ms or less by default) is
 alternated with Xen's credit scheduler's default time slice, 30 ms
 (`xl sched-credit -s -t`), with 4 clones running sysbench cpu at once; one
-clone alone first, for the ideal (N=1's rate times the CPUs)."""
+clone alone first, for the ideal (N=1's rate times the CPUs).
+
+A third arm leaves the host's base slice alone and has each vCPU thread
+ask for a 30 ms slice of its own (`sched_setattr`'s `sched_runtime` for
+SCHED_OTHER, Linux 6.12): what a daemon could do for its domains only,
+if EEVDF honours it for threads in the domains' cgroups."""
+import ctypes
+import json
 import os
+import struct
 
 import envs
 import multi
@@ -38,6 +46,43 @@ def base_slice(ns=None):
         return int(f.read().strip())
 
 
+SYS_SCHED_SETATTR, SYS_SCHED_GETATTR = 314, 315  # x86_64
+# struct sched_attr as of Linux 3.14 (SCHED_ATTR_SIZE_VER0): size, policy,
+# flags, nice, priority, runtime, deadline, period.
+ATTR = struct.Struct("=IIQiIQQQ")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def thread_slice(tid, ns=None):
+    """Thread `tid`'s EEVDF slice request (sched_runtime, ns; 0: the base
+    slice), set to `ns` first if given, keeping its policy and nice. Raises
+    where the kernel does not keep it (before 6.12)."""
+    buf = ctypes.create_string_buffer(ATTR.size)
+    if _libc.syscall(SYS_SCHED_GETATTR, tid, buf, ATTR.size, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"sched_getattr({tid})")
+    size, policy, flags, nice, prio, runtime, deadline, period = ATTR.unpack(buf.raw)
+    if ns is None:
+        return runtime
+    new = ctypes.create_string_buffer(ATTR.pack(ATTR.size, policy, 0, nice, prio, ns, 0, 0), ATTR.size)
+    if _libc.syscall(SYS_SCHED_SETATTR, tid, new, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"sched_setattr({tid}, runtime {ns})")
+    got = thread_slice(tid)
+    if ns and got != ns:
+        raise RuntimeError(f"thread {tid} kept a slice of {got} ns, not {ns}: this kernel has no "
+                           "per-thread slice (Linux 6.12 and later)")
+    return got
+
+
+def vcpu_slices(dom, clones, ns):
+    """Sets every vCPU thread of `clones` to ask for slice `ns` (0: back to
+    the base slice)."""
+    names = {c.name for c in clones}
+    for d in json.loads(dom.domus("list", "--json")):
+        if d.get("name") in names:
+            for tid in d.get("vcpu_tids") or []:
+                thread_slice(tid, ns)
+
+
 def slice_experiment(environments, run):
     dom = multi.domus_of(environments)
     default = base_slice()
@@ -48,25 +93,30 @@ def slice_experiment(environments, run):
     try:
         # Two trials at least, even --quick: a comparison, in turning order.
         for t in range(max(run.count, 2)):
-            for label, ns in envs.rotate([("default", default), ("xen-credit", XEN_TSLICE_NS)], t):
+            arms = [("default", default, 0), ("xen-credit", XEN_TSLICE_NS, 0),
+                    ("vcpu-threads", default, XEN_TSLICE_NS)]
+            for label, ns, own in envs.rotate(arms, t):
                 for n in (1, DOMAINS):
                     got = res["runs"].setdefault(label, {}).setdefault(str(n), [])
                     if len(got) > t:
                         continue
                     clones = steps.first(n)
                     base_slice(ns)
-                    for c in clones:
-                        c.resume()
                     try:
+                        vcpu_slices(dom, clones, own)
+                        for c in clones:
+                            c.resume()
                         each, window = multi.concurrent_rates(clones, multi.sysbench_script(secs + n),
                                                               secs + n, "sysbench")
                     finally:
                         for c in clones:
                             c.pause()
                         base_slice(default)
-                    say(f"slice: trial {t + 1}: {label} ({ns / 1e6:.2f} ms), {n}: {sum(each):.0f} events/s"
-                        + multi.cpu_note(window["cpu"]))
-                    got.append({"slice_ns": ns, "total": sum(each), "each": each, "window": window})
+                        vcpu_slices(dom, clones, 0)
+                    say(f"slice: trial {t + 1}: {label} ({(own or ns) / 1e6:.2f} ms), {n}: "
+                        f"{sum(each):.0f} events/s" + multi.cpu_note(window["cpu"]))
+                    got.append({"slice_ns": own or ns, "base_slice_ns": ns, "vcpu_slice_ns": own,
+                                "total": sum(each), "each": each, "window": window})
                     run.save()
         return res
     finally:
