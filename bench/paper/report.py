@@ -191,8 +191,10 @@ def multi_sections(exps, doc):
             continue
         exp = exps[name]
         rows, tbl = table(exp)
-        doc["experiments"][name] = {"rows": rows, "runs": exp["runs"], "quick": exp.get("quick")}
-        lines += [f"## {title}", "", rm.describe(name, exp, cpus)] + (tbl if tbl[0] == "" else [""] + tbl)
+        doc["experiments"][name] = {"rows": rows, "runs": exp["runs"], "quick": exp.get("quick"),
+                                    "partial": bool(exp.get("partial"))}
+        lines += ([f"## {title}", ""] + partial_note(exp) + [rm.describe(name, exp, cpus)]
+                  + (tbl if tbl[0] == "" else [""] + tbl))
         lines += rm.cpu_table(name, exp)
         if plot(rows, os.path.join(HERE, f"{name}.png")):
             lines += ["", f"![{title}]({name}.png)"]
@@ -200,10 +202,33 @@ def multi_sections(exps, doc):
     return lines
 
 
+def has_data(record):
+    """Whether a partial record holds any measurement: some non-empty list
+    of trials, at any depth."""
+    if isinstance(record, list):
+        return bool(record)
+    if isinstance(record, dict):
+        return any(has_data(v) for v in record.values())
+    return False
+
+
+def partial_note(exp):
+    """The line that marks an unfinished experiment's section."""
+    if not exp.get("partial"):
+        return []
+    return ["**Partial:** no run has finished this experiment yet; these are the trials nested "
+            "hosts finished before they died (bench/paper/NOTES.md).", ""]
+
+
 def report(src, command):
     with open(src) as f:
         raw = json.load(f)
-    exps = raw.get("experiments", {})
+    exps = dict(raw.get("experiments", {}))
+    # What nested hosts measured of an experiment no run has finished yet
+    # (Run's `partial`): shown, and marked, rather than left out.
+    for name, mine in raw.get("partial", {}).items():
+        if name not in exps and has_data(mine.get("runs")):
+            exps[name] = dict(mine, partial=True)
     m = raw.get("machine", {})
     doc = {"benchmark": "bench/paper",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -259,19 +284,20 @@ def report(src, command):
         guests = present(runs)
         rows = {}
         lines += [f"## Table 6: TCP throughput ({n} trial(s); iperf3 to the nested host, native "
-                  "over loopback)", ""] + head([""], guests)
+                  "over loopback)", ""] + partial_note(exps["net"]) + head([""], guests)
         for key, (label, _, _) in workloads.NET_ROWS.items():
             med = medians(runs, key, guests)
             cmp = compare(med, True, guests)
             rows[key] = {"median": med, **cmp}
             lines.append(f"| {label} | {cells(med, cmp, guests, 0)} |")
-        doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs}
+        doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs,
+                                     "partial": bool(exps["net"].get("partial"))}
         lines.append("")
     lines += multi_sections(exps, doc)
     missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
-               if x not in exps]
+               if x not in exps or exps[x].get("partial")]
     if missing:
-        lines += ["## Not in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
+        lines += ["## Not finished in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
