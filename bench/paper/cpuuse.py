@@ -14,6 +14,8 @@ import json
 import os
 import time
 
+import outer
+
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -70,16 +72,18 @@ def sample(dom):
                                    "migrations": sum(c[1] for c in counts)}
     except (ValueError, KeyError, TypeError, OSError, RuntimeError):
         doms = {}
-    return {"t": time.monotonic(), "host": host, "domains": doms}
+    return {"t": time.monotonic(), "host": host, "domains": doms, "outer": outer.read()}
 
 
 def between(a, b):
     """CPU use between two samples, in CPUs (seconds per second of wall
     time): the host's split, each domain's vCPU and I/O time (and its vCPU
-    threads' switches and migrations per second), and what the
+    threads' switches and migrations per second), what the
     host was busy with outside every domain's accounted time (`outside`:
     its kernel's work not charged to a VMM, the daemon, the bench's
-    clients). None for samples less than a second apart."""
+    clients), and the outer machine's CPUs busy outside the nested host
+    (`outer`, outer.py; None without its sampler). None for samples less
+    than a second apart."""
     wall = b["t"] - a["t"]
     if wall < 1:
         return None
@@ -89,7 +93,8 @@ def between(a, b):
     busy = host["guest"] + host["user"] + host["kernel"]
     used = sum(d["vcpu"] + d["io"] for d in doms.values())
     return {"wall_s": round(wall, 2), "host": host, "domains": doms,
-            "outside": round(busy - used, 3) if doms else None}
+            "outside": round(busy - used, 3) if doms else None,
+            "outer": outer.between(a.get("outer"), b.get("outer"))}
 
 
 def during(dom, fn):

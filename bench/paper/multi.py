@@ -586,7 +586,9 @@ def cpu_note(use):
             f"idle {h['idle']:.2f}" + (f"; vCPU+I/O: {doms}" if doms else "")
             + (f"; outside the domains {use['outside']:.2f}" if use["outside"] is not None else "")
             + (f"; vCPU switches {cpuuse.domains_total(use, 'switches'):.0f}/s, migrations "
-               f"{cpuuse.domains_total(use, 'migrations'):.0f}/s" if use["domains"] else ""))
+               f"{cpuuse.domains_total(use, 'migrations'):.0f}/s" if use["domains"] else "")
+            + (f"; outer machine busy outside the nested host {use['outer']['outside']:.2f}"
+               if use.get("outer") else ""))
 
 
 def wrk(ip, port, secs, script):
