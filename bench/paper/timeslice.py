@@ -16,8 +16,9 @@ clone alone first, for the ideal (N=1's rate times the CPUs).
 
 A third arm leaves the host's base slice alone and has each vCPU thread
 ask for a 30 ms slice of its own (`sched_setattr`'s `sched_runtime` for
-SCHED_OTHER, Linux 6.12): what a daemon could do for its domains only,
-if EEVDF honours it for threads in the domains' cgroups."""
+SCHED_OTHER, Linux 6.12): what a daemon could do for its domains only.
+EEVDF honours it for threads in the domains' cgroups (NOTES.md,
+2026-11-27, noon)."""
 import ctypes
 import json
 import os
