@@ -67,7 +67,14 @@ def plot_fig4(rows, path):
     return finish(plt, fig, ax, "Figure 4: concurrent web servers (bench/paper)", path)
 
 
-PHASE_NAMES = {"equal": "equal weights", "weighted": "weights 1 to 8"}
+def phase_name(phase, weights):
+    """A Figure 5 phase's heading: equal weights, or weights 1 to N (in
+    units of the smallest)."""
+    if phase == "equal":
+        return "equal weights"
+    if phase == "weighted" and weights:
+        return f"weights 1 to {max(weights) // min(weights)}"
+    return phase
 
 
 def fig5_table(exp):
@@ -95,7 +102,7 @@ def fig5_table(exp):
                        "vcpu_share": cpu, "worst_off": worst, "aggregate_tps": total,
                        "target": "met" if ok else f"missed: a share {worst * 100:.0f}% off its "
                        "weight's (target 10%)" if worst is not None else "missed"}
-        lines += ["", f"### {PHASE_NAMES.get(phase, phase)}: aggregate {total:.0f} tps; {rows[phase]['target']}", "",
+        lines += ["", f"### {phase_name(phase, w)}: aggregate {total:.0f} tps; {rows[phase]['target']}", "",
                   "| domain | weight | tps | share | weight's share | share/weight's | vCPU time share | "
                   "vCPU share/weight's |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -132,7 +139,7 @@ def plot_fig5(rows, path):
     for j, (phase, colour) in enumerate(zip(phases, ("#9a9a9a", "#2b7bba"))):
         xs = [i + (j - (len(phases) - 1) / 2) * width for i in range(n)]
         ax.bar(xs, rows[phase]["tps"], width, color=colour,
-               label=f"{PHASE_NAMES.get(phase, phase)} ({', '.join(str(w) for w in rows[phase]['weights'])})")
+               label=f"{phase_name(phase, rows[phase]['weights'])} ({', '.join(str(w) for w in rows[phase]['weights'])})")
     ax.set_xticks(range(n))
     ax.set_xticklabels([f"pg-{i + 1}" for i in range(n)], fontsize=8)
     ax.set_ylabel("pgbench select-only (tps)")
@@ -332,6 +339,13 @@ def cpu_table(name, exp):
             if uses:
                 lines.append(f"| {phase} | " + " | ".join(cpu_cells(uses)) + " |")
         head = f"| antisocial domains running | {CPU_HEAD} | {CPU_TAIL}"
+        cols = 11
+    elif name == "fig5":
+        for phase, p in res["phases"].items():
+            uses = [cpu_of(w) for w in p.get("windows", []) if cpu_of(w)]
+            if uses:
+                lines.append(f"| {phase_name(phase, p['weights'])} | " + " | ".join(cpu_cells(uses)) + " |")
+        head = f"| phase | {CPU_HEAD} | {CPU_TAIL}"
         cols = 11
     else:
         return []
