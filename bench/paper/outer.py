@@ -53,9 +53,11 @@ def snapshot():
 
 
 def sample(path):
-    """Writes `path` once a second until killed."""
+    """Writes `path` once a second until killed, or until the process
+    that started it (tools/bench-paper) is gone."""
     tmp = path + ".tmp"
-    while True:
+    parent = os.getppid()
+    while os.getppid() == parent:
         with open(tmp, "w") as f:
             json.dump(snapshot(), f)
         os.replace(tmp, path)
