@@ -20,6 +20,10 @@ import os
 import sys
 import time
 
+# cpuuse imports this module too; only its functions are used here, at
+# call time, so the cycle is harmless.
+import cpuuse
+
 HZ = os.sysconf("SC_CLK_TCK")
 # Where tools/bench-paper's sampler writes, relative to the repository.
 FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "bench-paper",
@@ -46,9 +50,8 @@ def qemu_ticks():
 
 def snapshot():
     with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    idle = cpu[3] + (cpu[4] if len(cpu) > 4 else 0)
-    return {"wall": time.time(), "busy_s": (sum(cpu[:8]) - idle) / HZ,
+        t = cpuuse.host_times(f.readline())
+    return {"wall": time.time(), "busy_s": t["guest"] + t["user"] + t["kernel"] + t["steal"],
             "qemu_s": qemu_ticks() / HZ, "cpus": os.cpu_count()}
 
 

@@ -118,7 +118,7 @@ def vcpu_shares(windows, n):
     over the trials that recorded it (None where none did)."""
     per = [[] for _ in range(n)]
     for win in windows:
-        doms = ((win or {}).get("cpu") or {}).get("domains") or {}
+        doms = (cpu_of(win or {}) or {}).get("domains") or {}
         times = [doms.get(f"pg-{i + 1}", {}).get("vcpu") for i in range(n)]
         if all(t is not None for t in times) and sum(times) > 0:
             for i, t in enumerate(times):
@@ -378,8 +378,8 @@ def slice_table(exp, cpus):
         ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
         scale = many / (one * min(n, cpus)) if one and many is not None else None
         rows[label] = {"slice_ns": ns, "one": one, "many": many, "vs_ideal": scale,
-                       "switches_per_s": switches, "per_vcpu_s": many / vcpus if many and vcpus else None}
-        rows[label]["outer_outside"] = med_of(uses, outer_outside)
+                       "switches_per_s": switches, "per_vcpu_s": many / vcpus if many and vcpus else None,
+                       "outer_outside": med_of(uses, outer_outside)}
         lines.append(f"| {label} ({fmt(ns / 1e6 if ns else None)} ms) | {fmt(one, 0)} | {fmt(many, 0)} | "
                      f"{fmt(scale)} | {fmt(switches, 0)} | {fmt(rows[label]['per_vcpu_s'], 0)} | "
                      f"{fmt(rows[label]['outer_outside'])} |")
