@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use crate::daemon::{
     AttachRequest, CloneRequest, Cloned, ConsoleChunk, CreateRequest, Created, DetachRequest,
-    Domain, Info, LogLine, Maxmem, MaxmemRequest, MemoryRequest, MigrateRequest, NameOrNumber,
-    PinRequest, RenameRequest, RestoreRequest, SaveRequest, Saved, Sched, SchedRequest, Vcpu,
+    Domain, HostSched, HostSchedRequest, Info, LogLine, Maxmem, MaxmemRequest, MemoryRequest,
+    MigrateRequest, NameOrNumber, PinRequest, RenameRequest, RestoreRequest, SaveRequest, Saved,
+    Sched, SchedRequest, Vcpu,
 };
 use crate::vmm::{
     BalloonInfo, BalloonTarget, ConsoleInput, ConsoleTaken, DeviceInfo, DomainInfo,
@@ -433,6 +434,15 @@ impl DaemonClient {
 
     pub fn set_sched(&self, dom: &str, req: &SchedRequest) -> Result<Sched, ClientError> {
         self.put(&format!("/v1/domains/{dom}/sched"), Some(req))
+    }
+
+    /// The host-wide scheduler settings (`sched-credit -s`).
+    pub fn host_sched(&self) -> Result<HostSched, ClientError> {
+        self.get("/v1/sched")
+    }
+
+    pub fn set_host_sched(&self, req: &HostSchedRequest) -> Result<HostSched, ClientError> {
+        self.put("/v1/sched", Some(req))
     }
 
     /// The next piece of a domain's console log (see [`ConsoleChunk`]):

@@ -114,6 +114,28 @@ pub struct SchedRequest {
     pub cap: Option<u32>,
 }
 
+/// The host-wide scheduler settings (`GET /v1/sched`, `domus sched-credit
+/// -s`), as Xen's credit scheduler has them for its CPU pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSched {
+    /// The time slice, in ms, every domain's vCPU threads ask of the
+    /// host's scheduler (Xen's tslice); 0: the kernel's own base slice.
+    pub tslice_ms: u32,
+    /// The kernel's base slice in ns (what 0 gives); null on a kernel
+    /// that shows none (before Linux 6.12).
+    pub base_slice_ns: Option<u64>,
+}
+
+/// `PUT /v1/sched`: the host-wide time slice in ms (1 to 100, or 0 for the
+/// kernel's own); a field left out or null is unchanged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSchedRequest {
+    #[serde(default)]
+    pub tslice_ms: Option<u32>,
+}
+
 /// Where a domain is in its life, as the daemon's answers name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -458,6 +480,12 @@ mod tests {
         assert!(parse_body::<SchedRequest>(br#"{"weight": -1}"#).is_err());
         let s: SchedRequest = parse_body(br#"{"cap": null}"#).unwrap();
         assert_eq!(s, SchedRequest::default());
+        let h: HostSchedRequest = parse_body(br#"{"tslice_ms": 30}"#).unwrap();
+        assert_eq!(h.tslice_ms, Some(30));
+        assert!(
+            parse_body::<HostSchedRequest>(br#"{"tslice_ms": 30, "ratelimit_us": 1}"#).is_err()
+        );
+        assert!(parse_body::<HostSchedRequest>(br#"{"tslice_ms": -1}"#).is_err());
         assert!(parse_body::<MemoryRequest>(br#"{"target_mib": "512"}"#).is_err());
     }
 

@@ -110,9 +110,16 @@ impl Daemon {
         };
         let paused = info.state == DomainState::Paused;
         let tids = crate::jail::host_tids(r.pid.unwrap_or(0), &info.vcpu_tids);
-        if let Some(l) = lock(&self.live).get_mut(&r.id) {
-            l.vcpu_tids = tids.clone();
-            l.paused = paused;
+        let known = match lock(&self.live).get_mut(&r.id) {
+            Some(l) => {
+                l.vcpu_tids = tids.clone();
+                l.paused = paused;
+                true
+            }
+            None => false,
+        };
+        if known {
+            self.slice_vcpus(r.id, &tids);
         }
         (tids, paused)
     }

@@ -2,9 +2,9 @@
 //! [`ROUTES`], and checked against `api/daemon.openapi.json` by a test.
 
 use domus_api::daemon::{
-    AttachRequest, CloneRequest, CreateRequest, DetachRequest, IncomingRequest, MaxmemRequest,
-    MemoryRequest, MigrateRequest, PinRequest, RenameRequest, RestoreRequest, SaveRequest,
-    SchedRequest,
+    AttachRequest, CloneRequest, CreateRequest, DetachRequest, HostSchedRequest, IncomingRequest,
+    MaxmemRequest, MemoryRequest, MigrateRequest, PinRequest, RenameRequest, RestoreRequest,
+    SaveRequest, SchedRequest,
 };
 use domus_api::request_body;
 use domus_http::{Request, Response};
@@ -47,6 +47,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/domains/{dom}/vcpu-pin"),
     ("GET", "/v1/domains/{dom}/sched"),
     ("PUT", "/v1/domains/{dom}/sched"),
+    ("GET", "/v1/sched"),
+    ("PUT", "/v1/sched"),
     ("GET", "/metrics"),
 ];
 
@@ -219,6 +221,9 @@ pub fn handle(d: &std::sync::Arc<Daemon>, req: &Request) -> Response {
         ("GET", "/v1/domains/{dom}/sched") => d.sched(dom, None, None).map(ok).map_err(|e| err(&e)),
         ("PUT", "/v1/domains/{dom}/sched") => request_body::<SchedRequest>(req)
             .and_then(|m| d.sched(dom, m.weight, m.cap).map(ok).map_err(|e| err(&e))),
+        ("GET", "/v1/sched") => d.host_sched().map(ok).map_err(|e| err(&e)),
+        ("PUT", "/v1/sched") => request_body::<HostSchedRequest>(req)
+            .and_then(|m| d.set_host_sched(&m).map(ok).map_err(|e| err(&e))),
         (_, "/metrics") => d
             .metrics()
             .map(|t| Response::text(200, t))

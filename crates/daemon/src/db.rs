@@ -111,6 +111,10 @@ impl Db {
             CREATE TABLE IF NOT EXISTS log (
                 at REAL NOT NULL,
                 msg TEXT NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS settings (
+                key TEXT PRIMARY KEY,
+                value TEXT NOT NULL
             );",
         )?;
         db.conn.pragma_update(None, "user_version", VERSION)?;
@@ -284,6 +288,25 @@ impl Db {
     pub fn delete(&self, id: i64) -> rusqlite::Result<()> {
         self.conn
             .execute("DELETE FROM domains WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// A host-wide setting the daemon keeps (its JSON text), if it was
+    /// ever set. (An older daemon ignores the table: it adds no column.)
+    pub fn setting(&self, key: &str) -> rusqlite::Result<Option<String>> {
+        self.conn
+            .query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| {
+                r.get(0)
+            })
+            .optional()
+    }
+
+    pub fn set_setting(&self, key: &str, value: &str) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "INSERT INTO settings (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            params![key, value],
+        )?;
         Ok(())
     }
 

@@ -14,6 +14,7 @@
 //! after a daemon restart, admission control), `supervise` (how a VMM ended,
 //! the restart policy, the monitor), `network` (taps, interface hot-plug),
 //! `devices` (disk hot-plug), `resources` (memory and CPU settings),
+//! `tslice` (the host-wide vCPU time slice),
 //! `accounting` (what `list` and the metrics show), `console` (a
 //! domain's console log through the API), `host` (/proc and
 //! scheduler facts), `cgroup`, `db` (the state database), `auth` (the TCP
@@ -52,6 +53,7 @@ mod rollbacks;
 pub mod rtnl;
 mod snapshot;
 mod supervise;
+pub mod tslice;
 pub mod vfr;
 mod vifs;
 mod watch;
@@ -187,6 +189,9 @@ pub struct Daemon {
     /// cgroups of ended domains the kernel had not let go of yet; the
     /// monitor removes them.
     stale_cgroups: Mutex<Vec<String>>,
+    /// Serialises asking vCPU threads for the host-wide time slice (see
+    /// [`tslice`]), so a domain starting while it changes ends up with it.
+    slicing: Mutex<()>,
     /// Wakes the monitor (see [`watch`]).
     waker: watch::Waker,
     /// When each domain was restarted (by the restart policy), for its
@@ -462,6 +467,7 @@ impl Daemon {
             live: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(()),
             stale_cgroups: Mutex::new(Vec::new()),
+            slicing: Mutex::new(()),
             waker: watch::Waker::new()?,
             restart_log: Mutex::new(HashMap::new()),
             migrations: Mutex::new(HashMap::new()),

@@ -62,15 +62,17 @@ impl Daemon {
                     let api =
                         VmmClient::new(self.api_sock(&r)).with_timeout(Duration::from_secs(2));
                     let info = api.domain().ok();
+                    let vcpu_tids = info
+                        .as_ref()
+                        .map(|i| crate::jail::host_tids(r.pid.unwrap_or(0), &i.vcpu_tids))
+                        .unwrap_or_default();
                     lock(&self.live).insert(
                         r.id,
                         Live {
                             paused: info
                                 .as_ref()
                                 .is_some_and(|i| i.state == DomainState::Paused),
-                            vcpu_tids: info
-                                .map(|i| crate::jail::host_tids(r.pid.unwrap_or(0), &i.vcpu_tids))
-                                .unwrap_or_default(),
+                            vcpu_tids: vcpu_tids.clone(),
                             // Checked after it is made: the pid may have
                             // been reused since the alive() above.
                             pidfd: r
@@ -80,6 +82,7 @@ impl Daemon {
                             ..Live::default()
                         },
                     );
+                    self.slice_vcpus(r.id, &vcpu_tids);
                     self.log_domain(
                         &r.name,
                         false,
@@ -449,15 +452,17 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        let vcpu_tids = crate::jail::host_tids(pid, &info.vcpu_tids);
         lock(&self.live).insert(
             r.id,
             Live {
                 child: Some(child),
-                vcpu_tids: crate::jail::host_tids(pid, &info.vcpu_tids),
+                vcpu_tids: vcpu_tids.clone(),
                 pidfd: watch::pidfd(pid),
                 ..Live::default()
             },
         );
+        self.slice_vcpus(r.id, &vcpu_tids);
         lock(&self.db).set_running(r.id)?;
         self.waker.wake();
         Ok(())

@@ -105,6 +105,17 @@ fn the_answers_match_their_schemas() {
         cap: 0,
     };
     check("Sched", &[sample(&sched)]);
+    let host_sched = |base| HostSched {
+        tslice_ms: 30,
+        base_slice_ns: base,
+    };
+    check(
+        "HostSched",
+        &[
+            sample(&host_sched(Some(3_000_000))),
+            sample(&host_sched(None)),
+        ],
+    );
     let saved = Saved {
         file: "/i/a.snap".into(),
         memory_file: "/i/a.snap.mem".into(),
@@ -211,6 +222,10 @@ fn the_request_bodies_match_their_schemas() {
         cap: Some(50),
     };
     check("put", &format!("{d}/sched"), sample(&sched));
+    let tslice = HostSchedRequest {
+        tslice_ms: Some(30),
+    };
+    check("put", "/v1/sched", sample(&tslice));
     let restore = RestoreRequest {
         file: "/i/a.snap".into(),
         name: Some("b".into()),

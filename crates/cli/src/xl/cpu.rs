@@ -2,7 +2,9 @@
 
 use std::process::ExitCode;
 
-use domus_api::daemon::{Domain, NameOrNumber, PinRequest, Sched, SchedRequest, State};
+use domus_api::daemon::{
+    Domain, HostSched, HostSchedRequest, NameOrNumber, PinRequest, Sched, SchedRequest, State,
+};
 
 use super::{failed, or_null, print_json, verb, StateArg};
 
@@ -89,7 +91,7 @@ pub struct SchedArgs {
     #[command(flatten)]
     pub state: StateArg,
     /// The domain (default: list every domain's weight and cap).
-    #[arg(short = 'd', long = "domain")]
+    #[arg(short = 'd', long = "domain", conflicts_with = "schedparam")]
     pub domain: Option<String>,
     /// Weight, 1 to 65535 (default 256): CPU shares under contention.
     #[arg(short = 'w', long)]
@@ -97,6 +99,17 @@ pub struct SchedArgs {
     /// Cap in percent of one CPU (0: none).
     #[arg(short = 'c', long)]
     pub cap: Option<u32>,
+    /// Show or set (with -t) the host-wide settings instead of a domain's.
+    #[arg(short = 's', long = "schedparam")]
+    pub schedparam: bool,
+    /// With -s: the time slice in ms every domain's vCPU threads ask of
+    /// the host's scheduler (Xen's tslice; 1 to 100, Linux 6.12 and later;
+    /// 0: the kernel's own base slice, the default).
+    #[arg(short = 't', long = "tslice_ms", requires = "schedparam")]
+    pub tslice_ms: Option<u32>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn show_sched(s: &Sched) {
@@ -107,30 +120,64 @@ fn sched_header() {
     println!("{:<24} {:>4} {:>6} {:>4}", "Name", "ID", "Weight", "Cap");
 }
 
+/// The host-wide settings, as xl shows its CPU pool's.
+fn show_host_sched(h: &HostSched) {
+    let base = h
+        .base_slice_ns
+        .map_or("unknown".into(), |ns| format!("{:.2}ms", ns as f64 / 1e6));
+    if h.tslice_ms == 0 {
+        println!("Host: tslice=default (the kernel's base slice, {base})");
+    } else {
+        println!(
+            "Host: tslice={}ms (the kernel's base slice: {base})",
+            h.tslice_ms
+        );
+    }
+}
+
 pub fn sched_credit(a: SchedArgs) -> ExitCode {
     verb(|| {
         let c = a.state.client()?;
-        match (&a.domain, a.weight, a.cap) {
+        if a.schedparam {
+            if a.weight.is_some() || a.cap.is_some() {
+                return Err("-w and -c need -d DOMAIN, not -s".into());
+            }
+            let h = match a.tslice_ms {
+                None => c.host_sched(),
+                Some(ms) => c.set_host_sched(&HostSchedRequest {
+                    tslice_ms: Some(ms),
+                }),
+            }
+            .map_err(failed)?;
+            if a.json {
+                print_json(&h);
+            } else {
+                show_host_sched(&h);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        let all = match (&a.domain, a.weight, a.cap) {
             (None, None, None) => {
                 let doms = c.list().map_err(failed)?;
-                sched_header();
+                let mut all = Vec::new();
                 for d in doms.iter().filter(|d| d.id != 0) {
-                    show_sched(&c.sched(&d.id.to_string()).map_err(failed)?);
+                    all.push(c.sched(&d.id.to_string()).map_err(failed)?);
                 }
+                all
             }
             (None, _, _) => return Err("-w and -c need -d DOMAIN".into()),
-            (Some(d), None, None) => {
-                let s = c.sched(d).map_err(failed)?;
-                sched_header();
-                show_sched(&s);
-            }
-            (Some(d), weight, cap) => {
-                let s = c
-                    .set_sched(d, &SchedRequest { weight, cap })
-                    .map_err(failed)?;
-                sched_header();
-                show_sched(&s);
-            }
+            (Some(d), None, None) => vec![c.sched(d).map_err(failed)?],
+            (Some(d), weight, cap) => vec![c
+                .set_sched(d, &SchedRequest { weight, cap })
+                .map_err(failed)?],
+        };
+        if a.json {
+            print_json(&all);
+            return Ok(ExitCode::SUCCESS);
+        }
+        sched_header();
+        for s in &all {
+            show_sched(s);
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -1,5 +1,5 @@
-//! Scheduling through the daemon: weights and caps, and restarts after
-//! crashes.
+//! Scheduling through the daemon: weights and caps, the host-wide time
+//! slice, and restarts after crashes.
 
 use super::*;
 
@@ -59,6 +59,14 @@ fn daemon_restarts_a_crashing_guest() {
     let dir = scratch("crash");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);
+    // The host-wide slice, set before: every VMM the restarts start asks
+    // for it (refused, with nothing kept, on a kernel before 6.12).
+    let (set, out, err) = domus_cli(&state, &["sched-credit", "-s", "-t", "30", "--json"]);
+    let slices = domus_daemon::tslice::supported().unwrap();
+    assert_eq!(set, slices, "{out}{err}");
+    if !slices {
+        assert!(err.contains("nothing was changed"), "{err}");
+    }
     // A guest that panics 2 s after it boots, restarted by on_crash.
     let cfg = spin_config(
         &dir,
@@ -88,8 +96,33 @@ fn daemon_restarts_a_crashing_guest() {
         matches!(c.state, State::Running | State::Restarting),
         "{c:?}"
     );
+    // The running VMM's vCPU threads (the third or a later one's) have
+    // the slice; a VMM that ends while they are read is waited out.
+    let want = if slices { 30_000_000 } else { base_slice() };
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = find(&state, "crashy").unwrap();
+        let got: Result<Vec<u64>, _> = c
+            .vcpu_tids
+            .iter()
+            .map(|t| domus_daemon::tslice::thread_slice_ns(*t))
+            .collect();
+        match got {
+            Ok(got) if c.state == State::Running && !got.is_empty() => {
+                assert!(got.iter().all(|ns| *ns == want), "{got:?}, want {want}");
+                break;
+            }
+            _ => assert!(Instant::now() < end, "crashy never ran for long: {c:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(domus_cli(&state, &["destroy", "crashy"]).0);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The slice a thread that asked for none has (0 before Linux 6.12).
+fn base_slice() -> u64 {
+    domus_daemon::tslice::base_slice_ns().unwrap_or(0)
 }
