@@ -16,7 +16,8 @@ clone alone first, for the ideal (N=1's rate times the CPUs).
 
 A third arm leaves the host's base slice alone and has each vCPU thread
 ask for a 30 ms slice of its own (`sched_setattr`'s `sched_runtime` for
-SCHED_OTHER, Linux 6.12): what a daemon could do for its domains only.
+SCHED_OTHER, Linux 6.12), for the domains only: since 2026-11-27 the
+daemon does it (`domus sched-credit -s -t 30`); before, this file did.
 EEVDF honours it for threads in the domains' cgroups (NOTES.md,
 2026-11-27, noon)."""
 import ctypes
@@ -47,41 +48,37 @@ def base_slice(ns=None):
         return int(f.read().strip())
 
 
-SYS_SCHED_SETATTR, SYS_SCHED_GETATTR = 314, 315  # x86_64
+SYS_SCHED_GETATTR = 315  # x86_64
 # struct sched_attr as of Linux 3.14 (SCHED_ATTR_SIZE_VER0): size, policy,
 # flags, nice, priority, runtime, deadline, period.
 ATTR = struct.Struct("=IIQiIQQQ")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def thread_slice(tid, ns=None):
-    """Thread `tid`'s EEVDF slice request (sched_runtime, ns; 0: the base
-    slice), set to `ns` first if given, keeping its policy and nice. Raises
-    where the kernel does not keep it (before 6.12)."""
+def thread_slice(tid):
+    """Thread `tid`'s EEVDF slice (sched_runtime, ns): its own, else the
+    base slice (Linux 6.12 and later; 0 before)."""
     buf = ctypes.create_string_buffer(ATTR.size)
     if _libc.syscall(SYS_SCHED_GETATTR, tid, buf, ATTR.size, 0) != 0:
         raise OSError(ctypes.get_errno(), f"sched_getattr({tid})")
-    size, policy, flags, nice, prio, runtime, deadline, period = ATTR.unpack(buf.raw)
-    if ns is None:
-        return runtime
-    new = ctypes.create_string_buffer(ATTR.pack(ATTR.size, policy, 0, nice, prio, ns, 0, 0), ATTR.size)
-    if _libc.syscall(SYS_SCHED_SETATTR, tid, new, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"sched_setattr({tid}, runtime {ns})")
-    got = thread_slice(tid)
-    if ns and got != ns:
-        raise RuntimeError(f"thread {tid} kept a slice of {got} ns, not {ns}: this kernel has no "
-                           "per-thread slice (Linux 6.12 and later)")
-    return got
+    return ATTR.unpack(buf.raw)[5]
 
 
 def vcpu_slices(dom, clones, ns):
-    """Sets every vCPU thread of `clones` to ask for slice `ns` (0: back to
-    the base slice)."""
+    """Has the daemon ask every domain's vCPU threads for slice `ns` (0:
+    back to the base slice): `domus sched-credit -s -t MS`, the setting
+    built for this (Xen's tslice). Each of `clones`' threads is read back:
+    a slice the daemon did not give is an error, not a measurement."""
+    dom.domus("sched-credit", "-s", "-t", str(ns // 1_000_000))
+    want = ns or base_slice()
     names = {c.name for c in clones}
     for d in json.loads(dom.domus("list", "--json")):
         if d.get("name") in names:
             for tid in d.get("vcpu_tids") or []:
-                thread_slice(tid, ns)
+                got = thread_slice(tid)
+                if got != want:
+                    raise RuntimeError(f"{d['name']}'s vCPU thread {tid} has a slice of {got} ns "
+                                       f"after sched-credit -s -t {ns // 1_000_000}, not {want}")
 
 
 def slice_experiment(environments, run):
@@ -117,6 +114,7 @@ def slice_experiment(environments, run):
                     say(f"slice: trial {t + 1}: {label} ({(own or ns) / 1e6:.2f} ms), {n}: "
                         f"{sum(each):.0f} events/s" + multi.cpu_note(window["cpu"]))
                     got.append({"slice_ns": own or ns, "base_slice_ns": ns, "vcpu_slice_ns": own,
+                                "vcpu_slice_by": "domus sched-credit -s -t",
                                 "total": sum(each), "each": each, "window": window})
                     run.save()
         return res
