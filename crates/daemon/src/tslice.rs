@@ -187,7 +187,14 @@ impl Daemon {
     }
 
     fn slice_threads(&self, id: i64, tids: &[i32], ms: u32) {
+        // Only threads of the domain's VMM: a thread id the model kept of a
+        // VMM that has just ended may be another process's by now.
+        let pid = lock(&self.db).get(id).ok().flatten().and_then(|r| r.pid);
+        let Some(pid) = pid else { return };
         for &tid in tids {
+            if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+                continue;
+            }
             match set_thread_slice_ns(tid, ns(ms)) {
                 Ok(_) => {}
                 // The thread (or its domain) ended meanwhile.
