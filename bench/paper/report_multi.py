@@ -242,7 +242,8 @@ def trials_of(name, exp):
     if name == "fig6":
         return len(r["phases"]["alone"])
     if name == "slice":
-        return min(len(per_n.get(str(r["domains"]), [])) for per_n in r["runs"].values()) if r["runs"] else 0
+        most = str(max(slice_counts(r)))
+        return min(len(per_n.get(most, [])) for per_n in r["runs"].values()) if r["runs"] else 0
     return len(r["runs"].get("domus", {}).get(str(r["counts"][0]), []))
 
 
@@ -268,13 +269,7 @@ def describe(name, exp, cpus):
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
                 f"clone: {r['idle_mib_per_domain']:.1f} MiB.",
-        "slice": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: 1 and {r['domains']} {clones}, "
-                 "each running `sysbench cpu --threads=1`, with the nested host's EEVDF base slice "
-                 "(`/sys/kernel/debug/sched/base_slice_ns`) at its default and at 30 ms (Xen's credit "
-                 "scheduler's default time slice)"
-                 + (", and at its default with each vCPU thread asking for a 30 ms slice of its own "
-                    "(`sched_setattr`'s `sched_runtime`, vcpu-threads)" if "vcpu-threads" in r["runs"] else "")
-                 + ", the order turning each trial (timeslice.py).",
+        "slice": lambda: slice_description(r, n, clones),
     }[name]()
 
 
@@ -359,30 +354,56 @@ def cpu_table(name, exp):
              "took CPU time from the nested host unseen.", "", head, "|" + " ---: |" * cols] + lines)
 
 
+def slice_counts(r):
+    """The domain counts a `slice` record measured besides 1 (one number
+    before 2026-11-27's evening, a list since)."""
+    d = r["domains"]
+    return d if isinstance(d, list) else [d]
+
+
+def slice_description(r, n, clones):
+    ns = [str(c) for c in [1] + slice_counts(r)]
+    counts = ", ".join(ns[:-1]) + " and " + ns[-1]
+    if "sched-credit -t 30" in r["runs"]:
+        how = ("with the kernel's default slice and with the daemon's host-wide time slice at 30 ms "
+               "(`domus sched-credit -s -t 30`: each vCPU thread asks the nested host's EEVDF "
+               "scheduler for a 30 ms slice of its own, `sched_attr.sched_runtime`), Xen's credit "
+               "scheduler's default")
+    else:
+        how = ("with the nested host's EEVDF base slice (`/sys/kernel/debug/sched/base_slice_ns`) at "
+               "its default and at 30 ms (Xen's credit scheduler's default time slice)"
+               + (", and at its default with each vCPU thread asking for a 30 ms slice of its own "
+                  "(`sched_setattr`'s `sched_runtime`, vcpu-threads)" if "vcpu-threads" in r["runs"] else ""))
+    return (f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: {counts} {clones}, each running "
+            f"`sysbench cpu --threads=1`, {how}, the order turning each trial (timeslice.py).")
+
+
 def slice_table(exp, cpus):
     """The `slice` experiment (timeslice.py): 1 and N clones under
     sysbench cpu at each scheduler slice; N's aggregate against N=1's
     times min(N, CPUs), the vCPU threads' switches and the work per vCPU
     second."""
     res = exp["runs"]
-    n = res["domains"]
-    rows, lines = {}, [f"| slice | 1 domain (events/s) | {n} domains (events/s) | {n} against 1 × "
-                       f"min({n}, CPUs) | vCPU switches/s | events per vCPU second | outer machine, "
-                       "outside the nested host |",
+    rows, lines = {}, ["| slice | domains | events/s | against 1 × min(N, CPUs) | vCPU switches/s | "
+                       "events per vCPU second | outer machine, outside the nested host |",
                        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for label, per_n in res["runs"].items():
-        one, many = med(totals(res["runs"], label, 1)), med(totals(res["runs"], label, n))
-        uses = [cpu_of(r) for r in per_n.get(str(n), []) if cpu_of(r)]
-        vcpus = med_of(uses, lambda u: cpuuse.domains_total(u, "vcpu") or None)
-        switches = med_of(uses, lambda u: cpuuse.domains_total(u, "switches"))
-        ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
-        scale = many / (one * min(n, cpus)) if one and many is not None else None
-        rows[label] = {"slice_ns": ns, "one": one, "many": many, "vs_ideal": scale,
-                       "switches_per_s": switches, "per_vcpu_s": many / vcpus if many and vcpus else None,
-                       "outer_outside": med_of(uses, outer_outside)}
-        lines.append(f"| {label} ({fmt(ns / 1e6 if ns else None)} ms) | {fmt(one, 0)} | {fmt(many, 0)} | "
-                     f"{fmt(scale)} | {fmt(switches, 0)} | {fmt(rows[label]['per_vcpu_s'], 0)} | "
-                     f"{fmt(rows[label]['outer_outside'])} |")
+        one = med(totals(res["runs"], label, 1))
+        for n in [1] + slice_counts(res):
+            many = med(totals(res["runs"], label, n))
+            uses = [cpu_of(r) for r in per_n.get(str(n), []) if cpu_of(r)]
+            vcpus = med_of(uses, lambda u: cpuuse.domains_total(u, "vcpu") or None)
+            switches = med_of(uses, lambda u: cpuuse.domains_total(u, "switches"))
+            ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
+            scale = many / (one * min(n, cpus)) if one and many is not None else None
+            rows.setdefault(label, {})[str(n)] = {
+                "slice_ns": ns, "events_per_s": many, "vs_ideal": scale, "switches_per_s": switches,
+                "per_vcpu_s": many / vcpus if many and vcpus else None,
+                "outer_outside": med_of(uses, outer_outside)}
+            row = rows[label][str(n)]
+            lines.append(f"| {label} ({fmt(ns / 1e6 if ns else None)} ms) | {n} | {fmt(many, 0)} | "
+                         f"{fmt(scale)} | {fmt(switches, 0)} | {fmt(row['per_vcpu_s'], 0)} | "
+                         f"{fmt(row['outer_outside'])} |")
     return rows, lines
 
 

@@ -10,15 +10,16 @@ threads is a world switch, which the nested platform emulates in full
 (and after which its emulated TLB starts empty). If that is the cost, a
 longer slice, fewer switches, gives the work back. Linux's EEVDF slice
 (/sys/kernel/debug/sched/base_slice_ns, 3 ms or less by default) is
-alternated with Xen's credit scheduler's default time slice, 30 ms
-(`xl sched-credit -s -t`), with 4 clones running sysbench cpu at once; one
+compared with Xen's credit scheduler's default time slice, 30 ms (`xl
+sched-credit -s -t`), with N clones running sysbench cpu at once; one
 clone alone first, for the ideal (N=1's rate times the CPUs).
 
-A third arm leaves the host's base slice alone and has each vCPU thread
-ask for a 30 ms slice of its own (`sched_setattr`'s `sched_runtime` for
-SCHED_OTHER, Linux 6.12), for the domains only: since 2026-11-27 the
-daemon does it (`domus sched-credit -s -t 30`); before, this file did.
-EEVDF honours it for threads in the domains' cgroups (NOTES.md,
+Since the daemon can set it (`domus sched-credit -s -t 30`, each vCPU
+thread asking for a 30 ms slice of its own: `sched_setattr`'s
+`sched_runtime` for SCHED_OTHER, Linux 6.12), the arms are the kernel's
+default and the daemon's setting, at 1, 4 and 8 clones; the host's base
+slice is left alone. Earlier runs also set the host-wide base slice to
+30 ms, which did as much as the per-thread slice at 4 clones (NOTES.md,
 2026-11-27, noon)."""
 import ctypes
 import json
@@ -31,7 +32,12 @@ from envs import say
 
 BASE_SLICE = "/sys/kernel/debug/sched/base_slice_ns"
 XEN_TSLICE_NS = 30_000_000
-DOMAINS = 4
+# One domain alone, then as many as twice and four times the nested host's
+# CPUs at once.
+COUNTS = (1, 4, 8)
+# The kernel's own slice, and the daemon's host-wide setting at Xen's
+# default (each vCPU thread's own 30 ms).
+ARMS = [("default", 0), ("sched-credit -t 30", XEN_TSLICE_NS)]
 
 
 def base_slice(ns=None):
@@ -85,21 +91,18 @@ def slice_experiment(environments, run):
     dom = multi.domus_of(environments)
     default = base_slice()
     secs = 20 if run.quick else 30
-    res = multi.resumed(run, "slice", {"template_mib": multi.TEMPLATE_MIB, "domains": DOMAINS,
+    res = multi.resumed(run, "slice", {"template_mib": multi.TEMPLATE_MIB, "domains": list(COUNTS[1:]),
                                        "seconds": secs, "default_ns": default})
     steps = multi.Steps(dom, run, "sl")
     try:
         # Two trials at least, even --quick: a comparison, in turning order.
         for t in range(max(run.count, 2)):
-            arms = [("default", default, 0), ("xen-credit", XEN_TSLICE_NS, 0),
-                    ("vcpu-threads", default, XEN_TSLICE_NS)]
-            for label, ns, own in envs.rotate(arms, t):
-                for n in (1, DOMAINS):
+            for label, own in envs.rotate(ARMS, t):
+                for n in COUNTS:
                     got = res["runs"].setdefault(label, {}).setdefault(str(n), [])
                     if len(got) > t:
                         continue
                     clones = steps.first(n)
-                    base_slice(ns)
                     try:
                         vcpu_slices(dom, clones, own)
                         for c in clones:
@@ -109,15 +112,16 @@ def slice_experiment(environments, run):
                     finally:
                         for c in clones:
                             c.pause()
-                        base_slice(default)
                         vcpu_slices(dom, clones, 0)
-                    say(f"slice: trial {t + 1}: {label} ({(own or ns) / 1e6:.2f} ms), {n}: "
+                    say(f"slice: trial {t + 1}: {label} ({(own or default) / 1e6:.2f} ms), {n}: "
                         f"{sum(each):.0f} events/s" + multi.cpu_note(window["cpu"]))
-                    got.append({"slice_ns": own or ns, "base_slice_ns": ns, "vcpu_slice_ns": own,
+                    got.append({"slice_ns": own or default, "base_slice_ns": default, "vcpu_slice_ns": own,
                                 "vcpu_slice_by": "domus sched-credit -s -t",
                                 "total": sum(each), "each": each, "window": window})
                     run.save()
         return res
     finally:
-        base_slice(default)
-        steps.destroy()
+        try:
+            dom.domus("sched-credit", "-s", "-t", "0")
+        finally:
+            steps.destroy()
