@@ -169,9 +169,11 @@ impl Daemon {
         for (id, tids) in running {
             self.slice_threads(id, &tids, ms);
         }
-        self.log(&format!(
-            "host-wide vCPU time slice set to {ms} ms (0: the kernel's)"
-        ));
+        self.log(&if ms == 0 {
+            "host-wide vCPU time slice: the kernel's base slice again".to_string()
+        } else {
+            format!("host-wide vCPU time slice set to {ms} ms")
+        });
         self.host_sched()
     }
 
