@@ -163,7 +163,10 @@ class Guest:
     def ssh_args(self):
         # ServerAlive: a guest that vanishes (reset, crashed, destroyed)
         # ends the session within a minute instead of leaving it hanging.
-        return ["-i", self.key, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        # ConnectTimeout covers the banner exchange too: 8 clones running
+        # sysbench on the nested host's 2 CPUs left a ninth login's sshd
+        # more than 10 s to answer (2026-11-27).
+        return ["-i", self.key, "-o", "BatchMode=yes", "-o", "ConnectTimeout=30",
                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
                 "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={self.known}"]
 

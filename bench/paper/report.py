@@ -243,8 +243,9 @@ def report(src, command):
              "native runs in the nested host on as many CPUs (taskset). The guests run under "
              "Domus and, where the run has them, QEMU (`-accel kvm`) and Cloud Hypervisor v53 "
              "(CH, the peers' build). Medians of each "
-             "environment's trials; scores relative to native, more is better. Nested hosts that "
-             f"died and were replaced: {doc['retried']}; guest boots run again after a reset: "
+             "environment's trials; scores relative to native, more is better. Nested-host attempts "
+             f"that failed (most because the host died) and were run again in a fresh host: "
+             f"{doc['retried']}; guest boots run again after a reset: "
              f"{len(doc['boots_retried'])}; clones made again after a reset before they were up: "
              f"{len(doc['clones_replaced'])}.", ""]
     if any(x in exps for x in ("fig3", "pg", "web")):

@@ -242,8 +242,8 @@ def trials_of(name, exp):
     if name == "fig6":
         return len(r["phases"]["alone"])
     if name == "slice":
-        most = str(max(slice_counts(r)))
-        return min(len(per_n.get(most, [])) for per_n in r["runs"].values()) if r["runs"] else 0
+        # The most any arm has at any count (a partial run's arms differ).
+        return max((len(v) for per_n in r["runs"].values() for v in per_n.values()), default=0)
     return len(r["runs"].get("domus", {}).get(str(r["counts"][0]), []))
 
 

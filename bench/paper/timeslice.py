@@ -96,9 +96,11 @@ def slice_experiment(environments, run):
     steps = multi.Steps(dom, run, "sl")
     try:
         # Two trials at least, even --quick: a comparison, in turning order.
+        # The arms turn at each count, so that both are measured at 4 in a
+        # host before either tries 8, where hosts die more often.
         for t in range(max(run.count, 2)):
-            for label, own in envs.rotate(ARMS, t):
-                for n in COUNTS:
+            for n in COUNTS:
+                for label, own in envs.rotate(ARMS, t):
                     got = res["runs"].setdefault(label, {}).setdefault(str(n), [])
                     if len(got) > t:
                         continue
