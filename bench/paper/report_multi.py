@@ -375,7 +375,21 @@ def slice_description(r, n, clones):
                + (", and at its default with each vCPU thread asking for a 30 ms slice of its own "
                   "(`sched_setattr`'s `sched_runtime`, vcpu-threads)" if "vcpu-threads" in r["runs"] else ""))
     return (f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: {counts} {clones}, each running "
-            f"`sysbench cpu --threads=1`, {how}, the order turning each trial (timeslice.py).")
+            f"`sysbench cpu --threads=1`, {how}, the order turning each trial (timeslice.py). "
+            "Where trials record their nested host, N clones are set against one clone of the same "
+            "host only (n/a where no host measured both; hosts differ by up to a quarter).")
+
+
+def same_host_scale(per_n, n, cpus, one, many):
+    """N clones' aggregate against one clone's times min(N, CPUs): trial by
+    trial against the one clone of the same nested host where the trials
+    say which host ran them (since 2026-11-27; the median of those; None
+    where no host measured both), else the medians' ratio."""
+    hosted = [r for r in per_n.get(str(n), []) if r.get("host")]
+    if not hosted:
+        return many / (one * min(n, cpus)) if one and many is not None else None
+    alone = {r["host"]: r["total"] for r in per_n.get("1", []) if r.get("host")}
+    return med([r["total"] / (alone[r["host"]] * min(n, cpus)) for r in hosted if alone.get(r["host"])])
 
 
 def slice_table(exp, cpus):
@@ -395,7 +409,7 @@ def slice_table(exp, cpus):
             vcpus = med_of(uses, lambda u: cpuuse.domains_total(u, "vcpu") or None)
             switches = med_of(uses, lambda u: cpuuse.domains_total(u, "switches"))
             ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
-            scale = many / (one * min(n, cpus)) if one and many is not None else None
+            scale = same_host_scale(per_n, n, cpus, one, many)
             rows.setdefault(label, {})[str(n)] = {
                 "slice_ns": ns, "events_per_s": many, "vs_ideal": scale, "switches_per_s": switches,
                 "per_vcpu_s": many / vcpus if many and vcpus else None,
