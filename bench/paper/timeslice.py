@@ -96,36 +96,47 @@ def slice_experiment(environments, run):
     with open("/proc/sys/kernel/random/boot_id") as f:
         host = f.read().strip()
     secs = 20 if run.quick else 30
+    trials = max(run.count, 2)  # even --quick: a comparison, in turning order
     res = multi.resumed(run, "slice", {"template_mib": multi.TEMPLATE_MIB, "domains": list(COUNTS[1:]),
                                        "seconds": secs, "default_ns": default})
     steps = multi.Steps(dom, run, "sl")
+
+    def measure(t, label, own, n):
+        clones = steps.first(n)
+        try:
+            vcpu_slices(dom, clones, own)
+            for c in clones:
+                c.resume()
+            each, window = multi.concurrent_rates(clones, multi.sysbench_script(secs + n),
+                                                  secs + n, "sysbench")
+        finally:
+            for c in clones:
+                c.pause()
+            vcpu_slices(dom, clones, 0)
+        say(f"slice: trial {t + 1}: {label} ({(own or default) / 1e6:.2f} ms), {n}: "
+            f"{sum(each):.0f} events/s" + multi.cpu_note(window["cpu"]))
+        res["runs"].setdefault(label, {}).setdefault(str(n), []).append(
+            {"slice_ns": own or default, "base_slice_ns": default, "vcpu_slice_ns": own,
+             "vcpu_slice_by": "domus sched-credit -s -t", "host": host,
+             "total": sum(each), "each": each, "window": window})
+        run.save()
+
     try:
-        # Two trials at least, even --quick: a comparison, in turning order.
+        # A host that takes over from one that died measures one clone of
+        # each arm it has counts left of again, for the same-host ratio.
+        for label, own in ARMS:
+            per_n = res["runs"].get(label, {})
+            ones = per_n.get("1", [])
+            left = any(len(per_n.get(str(n), [])) < trials for n in COUNTS[1:])
+            if ones and left and not any(r.get("host") == host for r in ones):
+                measure(len(ones), label, own, 1)
         # The arms turn at each count, so that both are measured at 4 in a
         # host before either tries 8, where hosts die more often.
-        for t in range(max(run.count, 2)):
+        for t in range(trials):
             for n in COUNTS:
                 for label, own in envs.rotate(ARMS, t):
-                    got = res["runs"].setdefault(label, {}).setdefault(str(n), [])
-                    if len(got) > t:
-                        continue
-                    clones = steps.first(n)
-                    try:
-                        vcpu_slices(dom, clones, own)
-                        for c in clones:
-                            c.resume()
-                        each, window = multi.concurrent_rates(clones, multi.sysbench_script(secs + n),
-                                                              secs + n, "sysbench")
-                    finally:
-                        for c in clones:
-                            c.pause()
-                        vcpu_slices(dom, clones, 0)
-                    say(f"slice: trial {t + 1}: {label} ({(own or default) / 1e6:.2f} ms), {n}: "
-                        f"{sum(each):.0f} events/s" + multi.cpu_note(window["cpu"]))
-                    got.append({"slice_ns": own or default, "base_slice_ns": default, "vcpu_slice_ns": own,
-                                "vcpu_slice_by": "domus sched-credit -s -t", "host": host,
-                                "total": sum(each), "each": each, "window": window})
-                    run.save()
+                    if len(res["runs"].get(label, {}).get(str(n), [])) <= t:
+                        measure(t, label, own, n)
         return res
     finally:
         try:
