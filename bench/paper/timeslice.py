@@ -40,16 +40,13 @@ COUNTS = (1, 4, 8)
 ARMS = [("default", 0), ("sched-credit -t 30", XEN_TSLICE_NS)]
 
 
-def base_slice(ns=None):
-    """The nested host's EEVDF base slice (ns), set to `ns` first if
-    given; debugfs is mounted if it is not."""
+def base_slice():
+    """The nested host's EEVDF base slice (ns), which the arms leave
+    alone; debugfs is mounted if it is not."""
     if not os.path.exists(BASE_SLICE):
         os.system("mount -t debugfs none /sys/kernel/debug 2>/dev/null")
     if not os.path.exists(BASE_SLICE):
         raise RuntimeError(f"the nested host's kernel has no {BASE_SLICE} (EEVDF's, Linux 6.6 and later)")
-    if ns is not None:
-        with open(BASE_SLICE, "w") as f:
-            f.write(str(ns))
     with open(BASE_SLICE) as f:
         return int(f.read().strip())
 

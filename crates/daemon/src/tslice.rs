@@ -85,13 +85,24 @@ pub fn set_thread_slice_ns(tid: i32, ns: u64) -> io::Result<bool> {
     Ok(true)
 }
 
+/// `probe` run on a scratch thread of this process (given its id), which
+/// asked for no slice and ends with it; an error if it panicked.
+fn on_scratch_thread<T: Send + 'static>(
+    probe: impl FnOnce(i32) -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    std::thread::spawn(|| {
+        // SAFETY: gettid has no preconditions.
+        probe(unsafe { libc::gettid() })
+    })
+    .join()
+    .unwrap_or_else(|_| Err(io::Error::other("the probing thread panicked")))
+}
+
 /// Whether this kernel keeps a fair thread's own slice: a scratch thread
 /// asks for 10 ms and reads it back (a kernel before 6.12 takes the
 /// request and forgets it, or refuses it as invalid).
 pub fn supported() -> io::Result<bool> {
-    std::thread::spawn(|| {
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() };
+    on_scratch_thread(|tid| {
         let ns = 10_000_000;
         match set_thread_slice_ns(tid, ns) {
             Ok(set) => Ok(set && thread_slice_ns(tid)? == ns),
@@ -99,21 +110,14 @@ pub fn supported() -> io::Result<bool> {
             Err(e) => Err(e),
         }
     })
-    .join()
-    .unwrap_or_else(|_| Err(io::Error::other("the probing thread panicked")))
 }
 
 /// The kernel's base slice: what a new thread, which asked for none, has
 /// (none before Linux 6.12).
 pub fn base_slice_ns() -> Option<u64> {
-    std::thread::spawn(|| {
-        // SAFETY: gettid has no preconditions.
-        thread_slice_ns(unsafe { libc::gettid() }).ok()
-    })
-    .join()
-    .ok()
-    .flatten()
-    .filter(|ns| *ns != 0)
+    on_scratch_thread(thread_slice_ns)
+        .ok()
+        .filter(|ns| *ns != 0)
 }
 
 /// `ms` as the slice a thread asks for (0: none).
