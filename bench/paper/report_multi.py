@@ -242,8 +242,11 @@ def trials_of(name, exp):
     if name == "fig6":
         return len(r["phases"]["alone"])
     if name == "slice":
-        # The most any arm has at any count (a partial run's arms differ).
-        return max((len(v) for per_n in r["runs"].values() for v in per_n.values()), default=0)
+        # The fewest any arm has at a count above 1: each nested host that
+        # takes part measures one clone again, so the one-clone rows hold
+        # more trials than the rest.
+        return min((len(v) for per_n in r["runs"].values() for k, v in per_n.items() if k != "1"),
+                   default=0)
     return len(r["runs"].get("domus", {}).get(str(r["counts"][0]), []))
 
 
@@ -374,21 +377,36 @@ def slice_description(r, n, clones):
                "its default and at 30 ms (Xen's credit scheduler's default time slice)"
                + (", and at its default with each vCPU thread asking for a 30 ms slice of its own "
                   "(`sched_setattr`'s `sched_runtime`, vcpu-threads)" if "vcpu-threads" in r["runs"] else ""))
-    return (f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: {counts} {clones}, each running "
-            f"`sysbench cpu --threads=1`, {how}, the order turning each trial (timeslice.py). "
-            "Where trials record their nested host, N clones are set against one clone of the same "
-            "host only (n/a where no host measured both; hosts differ by up to a quarter).")
+    ones = sum(len(per_n.get("1", [])) for per_n in r["runs"].values())
+    return (f"{n} trial(s) of {r['seconds']} s plus 1 s per domain at each count above 1 ({ones} of "
+            f"one clone alone, one per arm in each nested host that took part): {counts} {clones}, "
+            f"each running `sysbench cpu --threads=1`, {how}, the order turning each trial "
+            "(timeslice.py). Where trials record their nested host, N clones are set against one "
+            "clone of the same host only: the median of that host's one-clone rates under either "
+            "slice, which cannot matter to a lone vCPU thread on 2 CPUs (3 to 5 switches a second "
+            "under both). n/a where no host measured both; hosts differ by up to a quarter.")
 
 
-def same_host_scale(per_n, n, cpus, one, many):
+def host_alone(arms):
+    """Each nested host's one-clone rate: the median of its one-clone
+    trials in every arm (a lone vCPU thread on 2 CPUs is never preempted,
+    whatever the slice), by host."""
+    by_host = {}
+    for per_n in arms.values():
+        for r in per_n.get("1", []):
+            if r.get("host"):
+                by_host.setdefault(r["host"], []).append(r["total"])
+    return {h: med(v) for h, v in by_host.items()}
+
+
+def same_host_scale(per_n, n, cpus, one, many, alone):
     """N clones' aggregate against one clone's times min(N, CPUs): trial by
-    trial against the one clone of the same nested host where the trials
-    say which host ran them (since 2026-11-27; the median of those; None
-    where no host measured both), else the medians' ratio."""
+    trial against the same nested host's one-clone rate (`host_alone`)
+    where the trials say which host ran them (since 2026-11-27; the median
+    of those; None where no host measured both), else the medians' ratio."""
     hosted = [r for r in per_n.get(str(n), []) if r.get("host")]
     if not hosted:
         return many / (one * min(n, cpus)) if one and many is not None else None
-    alone = {r["host"]: r["total"] for r in per_n.get("1", []) if r.get("host")}
     return med([r["total"] / (alone[r["host"]] * min(n, cpus)) for r in hosted if alone.get(r["host"])])
 
 
@@ -401,6 +419,7 @@ def slice_table(exp, cpus):
     rows, lines = {}, ["| slice | domains | events/s | against 1 × min(N, CPUs) | vCPU switches/s | "
                        "events per vCPU second | outer machine, outside the nested host |",
                        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    alone = host_alone(res["runs"])
     for label, per_n in res["runs"].items():
         one = med(totals(res["runs"], label, 1))
         for n in [1] + slice_counts(res):
@@ -409,7 +428,7 @@ def slice_table(exp, cpus):
             vcpus = med_of(uses, lambda u: cpuuse.domains_total(u, "vcpu") or None)
             switches = med_of(uses, lambda u: cpuuse.domains_total(u, "switches"))
             ns = med([r["slice_ns"] for r in per_n.get(str(n), [])])
-            scale = same_host_scale(per_n, n, cpus, one, many)
+            scale = same_host_scale(per_n, n, cpus, one, many, alone)
             rows.setdefault(label, {})[str(n)] = {
                 "slice_ns": ns, "events_per_s": many, "vs_ideal": scale, "switches_per_s": switches,
                 "per_vcpu_s": many / vcpus if many and vcpus else None,
