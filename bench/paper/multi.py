@@ -114,12 +114,13 @@ def cache_dir():
 def cache_inputs(dom, run):
     """What the cached template was made from: a change to any of it
     (the image too: its overlay is on the image's disk; the helper too:
-    the template's copy is what its clones run) makes the template
-    again."""
+    the template's copy is what its clones run; the settling its boot
+    had, which stops its timers) makes the template again."""
     image = os.stat(os.path.join(dom.images, dom.image, "image.json"))
     with open(envs.HELPER, "rb") as f:
         helper = hashlib.sha256(f.read()).hexdigest()
-    text = "\n".join([inspect.getsource(template_prepare), workloads.pg_prepare(False, run.quick),
+    text = "\n".join([inspect.getsource(template_prepare), inspect.getsource(envs.Guest.settle),
+                      workloads.pg_prepare(False, run.quick),
                       workloads.web_prepare(envs.GUEST_HELPER), str((TEMPLATE_MIB, TEMPLATE_VCPUS, run.quick)),
                       str((image.st_mtime_ns, image.st_size)), helper])
     return {"inputs": hashlib.sha256(text.encode()).hexdigest(), "work": run.work}

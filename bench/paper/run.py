@@ -267,6 +267,16 @@ def heartbeat(dom, what, every=120):
     threading.Thread(target=loop, daemon=True).start()
 
 
+def missing_envs(name, exp):
+    """The environments asked for (ENVS) that a finished single-guest
+    experiment has no trials of; QEMU and CH only where the run can have
+    them. The many-domain experiments run under Domus (and native) alone."""
+    if name in MULTI:
+        return []
+    want = [e for e in ENVS if e != "ch" or envs.ch_binary()]
+    return [e for e in want if not exp.get("runs", {}).get(e)]
+
+
 def measure(out, only, quick):
     done = {}
     if os.path.exists(out):
@@ -275,8 +285,16 @@ def measure(out, only, quick):
     # Measured already at this size (an earlier --quick run's are measured
     # again at full size, and the reverse; each kept until its new run ends).
     had = done.get("experiments", {})
-    todo = [x for x in (only or [e for e in EXPERIMENTS if e not in DIAGNOSTICS])
-            if had.get(x, {}).get("quick") != quick]
+    asked = only or [e for e in EXPERIMENTS if e not in DIAGNOSTICS]
+    todo = [x for x in asked if had.get(x, {}).get("quick") != quick or missing_envs(x, had[x])]
+    for x in todo:
+        if had.get(x, {}).get("quick") == quick:
+            # Finished without an environment asked for (a peer's host
+            # died, or ENVS left it out): its trials go back to `partial`,
+            # so only the missing environment's run.
+            say(f"{x}: measured already, but not in {', '.join(missing_envs(x, had[x]))}: "
+                "running that, keeping the rest")
+            done.setdefault("partial", {})[x] = {"quick": quick, "runs": had[x]["runs"]}
     if not todo:
         say("every experiment asked for is measured already at this size")
         return
