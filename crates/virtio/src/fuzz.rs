@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::sync::OnceLock;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::block::io::{self, Backend, Counters, Disk};
@@ -204,55 +204,6 @@ pub fn net_rx(data: &[u8]) {
                     }
                 }
             }
-        }
-    }
-    net_rx_direct(data, len);
-}
-
-/// The receive path that reads straight into guest buffers: room for
-/// `len` bytes taken, a frame of half that read into the vectors, the
-/// chains it did not reach given back.
-fn net_rx_direct(data: &[u8], len: usize) {
-    let Some((mem, mut q)) = setup(data) else {
-        return;
-    };
-    let at = mem.get_host_address(GuestAddress(0)).expect("mapped") as usize;
-    let n = (len / 2).max(crate::net::HDR_LEN);
-    for _ in 0..usize::from(q.size()) + 1 {
-        let before = q.next_avail();
-        let chains = match crate::net::take_room(&mut q, &mem, len) {
-            None => {
-                assert_eq!(q.next_avail(), before, "short of room: nothing taken");
-                break;
-            }
-            Some(Err(())) => continue,
-            Some(Ok(chains)) => chains,
-        };
-        let Some(iov) = crate::net::rx_iovecs(&mem, &chains, len) else {
-            for (head, _) in &chains {
-                let _ = q.add_used(&mem, *head, 0);
-            }
-            continue;
-        };
-        let mut sum = 0usize;
-        for v in &iov {
-            let p = v.iov_base as usize;
-            assert!(
-                p >= at && p + v.iov_len <= at + MEM_SIZE,
-                "a vector outside guest RAM"
-            );
-            sum += v.iov_len;
-        }
-        assert_eq!(sum, len, "room for the whole frame, and no more");
-        let used = crate::net::finish_rx(&mem, &chains, n).expect("the vectors' memory");
-        assert!(!used.is_empty() && used.len() <= chains.len());
-        let total: usize = used.iter().map(|u| u.1 as usize).sum();
-        assert_eq!(total, n, "the frame's bytes, in the chains it reached");
-        for _ in used.len()..chains.len() {
-            q.go_to_previous_position();
-        }
-        for (head, bytes) in used {
-            let _ = q.add_used(&mem, head, bytes);
         }
     }
 }

@@ -250,18 +250,6 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
     reach(&mut vm, "10.79.0.1");
     // 16 MiB at 4 MiB/s is 4 s.
     vm.sh("domus-guest send tcp 10.79.0.1 5002 16");
-    // And 8 MiB into the guest, a bulk transfer whose GSO frames the tap's
-    // read writes straight into the guest's buffers after the first large
-    // one (rx_direct): all of it arrives, intact.
-    let host_send = HostSend::new("10.79.0.2", 5003, 8, Duration::from_secs(60));
-    let got = vm.sh("domus-guest recv tcp 5003");
-    let host_sent = host_send.output();
-    assert_eq!(field(&got, "recv_bytes"), "8388608", "{got}");
-    assert_eq!(
-        field(&got, "recv_hash"),
-        field(&host_sent, "sent_hash"),
-        "host to guest: {host_sent}"
-    );
     let c = VmmClient::new(&sock).device("net0").unwrap().counters;
     assert_clean_poweroff(&vm.finish());
     // The interface counted the transfer, the limiter's waits, and the
@@ -275,10 +263,6 @@ fn exclusive_net_rate_limit_holds_within_10_percent() {
         "{c:?}"
     );
     assert_eq!(n("tx_dropped"), 0, "{c:?}");
-    assert!(
-        n("rx_direct") > 0,
-        "no frame read straight into the guest: {c:?}"
-    );
     let out = host_recv.output();
     let mbs: f64 = out
         .split_whitespace()
