@@ -42,6 +42,7 @@ Experiments (names for --only):
 The last five clone one small template domain (multi.py).
 """
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -294,7 +295,10 @@ def measure(out, only, quick):
             # so only the missing environment's run.
             say(f"{x}: measured already, but not in {', '.join(missing_envs(x, had[x]))}: "
                 "running that, keeping the rest")
-            done.setdefault("partial", {})[x] = {"quick": quick, "runs": had[x]["runs"]}
+            # A copy: the trials added go to `partial` alone until the
+            # experiment ends, so a host that dies meanwhile leaves the
+            # finished record as it was, still missing the environment.
+            done.setdefault("partial", {})[x] = {"quick": quick, "runs": copy.deepcopy(had[x]["runs"])}
     if not todo:
         say("every experiment asked for is measured already at this size")
         return
