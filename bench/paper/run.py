@@ -287,18 +287,20 @@ def measure(out, only, quick):
     # again at full size, and the reverse; each kept until its new run ends).
     had = done.get("experiments", {})
     asked = only or [e for e in EXPERIMENTS if e not in DIAGNOSTICS]
-    todo = [x for x in asked if had.get(x, {}).get("quick") != quick or missing_envs(x, had[x])]
-    for x in todo:
-        if had.get(x, {}).get("quick") == quick:
+    todo = []
+    for x in asked:
+        if had.get(x, {}).get("quick") != quick:
+            todo.append(x)
+        elif missing := missing_envs(x, had[x]):
             # Finished without an environment asked for (a peer's host
             # died, or ENVS left it out): its trials go back to `partial`,
-            # so only the missing environment's run.
-            say(f"{x}: measured already, but not in {', '.join(missing_envs(x, had[x]))}: "
-                "running that, keeping the rest")
-            # A copy: the trials added go to `partial` alone until the
-            # experiment ends, so a host that dies meanwhile leaves the
-            # finished record as it was, still missing the environment.
+            # so only the missing environment's run. A copy: the trials
+            # added go to `partial` alone until the experiment ends, so a
+            # host that dies meanwhile leaves the finished record as it
+            # was, still missing the environment.
+            say(f"{x}: measured already, but not in {', '.join(missing)}: running that, keeping the rest")
             done.setdefault("partial", {})[x] = {"quick": quick, "runs": copy.deepcopy(had[x]["runs"])}
+            todo.append(x)
     if not todo:
         say("every experiment asked for is measured already at this size")
         return
