@@ -4,6 +4,7 @@ import datetime
 import json
 import os
 import statistics
+import sys
 import textwrap
 
 import workloads
@@ -220,9 +221,18 @@ def partial_note(exp):
             "hosts finished before they died (bench/paper/NOTES.md).", ""]
 
 
-def report(src, command):
+def report(src, command=None):
+    """Writes results.json, results.md and the plots from `src` (run.py's
+    record). `command`, when given, is the invocation that measured: added
+    to the record's list of commands (once), which results.md quotes, so a
+    run resumed from an earlier one's record names both."""
     with open(src) as f:
         raw = json.load(f)
+    commands = raw.setdefault("commands", [])
+    if command and command not in commands[-1:]:
+        commands.append(command)
+        save_json(src, raw, 1)
+    command = "; then ".join(commands) or "tools/bench-paper"
     exps = dict(raw.get("experiments", {}))
     # What nested hosts measured of an experiment no run has finished yet
     # (Run's `partial`): shown, and marked, rather than left out.
@@ -233,7 +243,7 @@ def report(src, command):
     doc = {"benchmark": "bench/paper",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": command, "machine": m, "config": raw.get("config", {}),
-           "retried": int(os.environ.get("RETRIED", "0")),
+           "retried": raw.get("retried", 0),
            "boots_retried": raw.get("boots_retried", []),
            "clones_replaced": raw.get("clones_replaced", []), "experiments": {}}
     lines = ["# bench/paper results", "",
@@ -254,9 +264,11 @@ def report(src, command):
         n = min(counts.values())
         trials = (f"{n} trial(s)" if len(set(counts.values())) == 1 else
                   "trials: " + ", ".join(f"{x} {c}" for x, c in counts.items()))
+        parts = [x for x in ("fig3", "pg", "web") if x in exps]
         doc["experiments"]["fig3"] = {"rows": rows, "trials": n,
-                                      "runs": {x: exps[x]["runs"] for x in ("fig3", "pg", "web")
-                                               if x in exps}}
+                                      "runs": {x: exps[x]["runs"] for x in parts},
+                                      "quick": {x: exps[x].get("quick") for x in parts},
+                                      "partial": {x: bool(exps[x].get("partial")) for x in parts}}
         lines += [f"## Figure 3: relative performance ({trials})", ""] + table
         if plot_fig3(rows, os.path.join(HERE, "fig3.png")):
             lines += ["", "![Figure 3](fig3.png)"]
@@ -264,7 +276,9 @@ def report(src, command):
     if "osbench" in exps:
         rows, tables = osbench_tables(exps["osbench"])
         n = len(exps["osbench"]["runs"].get("domus", []))
-        doc["experiments"]["osbench"] = {"rows": rows, "trials": n, "runs": exps["osbench"]["runs"]}
+        doc["experiments"]["osbench"] = {"rows": rows, "trials": n, "runs": exps["osbench"]["runs"],
+                                         "quick": exps["osbench"].get("quick"),
+                                         "partial": bool(exps["osbench"].get("partial"))}
         lines += [f"## Tables 3-5: OS microbenchmarks ({n} trial(s); `domus-guest osbench`)"] + tables
         fs = doc["config"].get("native_fs")
         if fs == "chroot":
@@ -292,6 +306,7 @@ def report(src, command):
             rows[key] = {"median": med, **cmp}
             lines.append(f"| {label} | {cells(med, cmp, guests, 0)} |")
         doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs,
+                                     "quick": exps["net"].get("quick"),
                                      "partial": bool(exps["net"].get("partial"))}
         lines.append("")
     lines += multi_sections(exps, doc)
@@ -299,9 +314,43 @@ def report(src, command):
                if x not in exps or exps[x].get("partial")]
     if missing:
         lines += ["## Not finished in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
-    with open(os.path.join(HERE, "results.json"), "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    save_json(os.path.join(HERE, "results.json"), doc, 2)
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def save_json(path, value, indent):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=indent)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def seed(results, out):
+    """Makes run.py's record `out` from a committed results.json, so that
+    RESUME=1 on a fresh clone (no target/bench-paper/raw.json) keeps what
+    was measured and the next report still shows it: each experiment's
+    trials, at its size, finished or partial; the retry counts; the
+    commands that measured them."""
+    with open(results) as f:
+        doc = json.load(f)
+    raw = {"machine": doc.get("machine", {}), "config": doc.get("config", {}),
+           "retried": doc.get("retried", 0), "boots_retried": doc.get("boots_retried", []),
+           "clones_replaced": doc.get("clones_replaced", []),
+           "commands": [doc["command"]] if doc.get("command") else [],
+           "experiments": {}, "partial": {}}
+    for name, exp in doc.get("experiments", {}).items():
+        if name == "fig3":
+            # Figure 3 joins three experiments' records.
+            items = [(x, runs, exp.get("quick", {}).get(x), exp.get("partial", {}).get(x))
+                     for x, runs in exp["runs"].items()]
+        else:
+            items = [(name, exp["runs"], exp.get("quick"), exp.get("partial"))]
+        for x, runs, quick, partial in items:
+            if quick is None:
+                sys.exit(f"bench/paper: {results} does not say at which size {x} was measured "
+                         "(--quick or not); run without RESUME=1")
+            raw["partial" if partial else "experiments"][x] = {"runs": runs, "quick": quick}
+    save_json(out, raw, 1)

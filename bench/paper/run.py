@@ -4,7 +4,15 @@ on Domus, native Linux, QEMU and Cloud Hypervisor, in one nested host
 (tools/kvm-host).
 
   run.py measure OUT.json [--only A,B] [--quick]
-  run.py report OUT.json COMMAND
+  run.py report OUT.json [COMMAND]
+  run.py seed RESULTS.json OUT.json
+  run.py retried OUT.json
+
+`report` writes results.json, results.md and the plots from OUT.json,
+adding COMMAND (the invocation that measured) to the commands it quotes.
+`seed` remakes OUT.json from a committed results.json (every trial is kept
+there), so a resumed run on a fresh clone keeps what was measured.
+`retried` counts one nested host that failed.
 
 `measure` boots one Domus domain, one QEMU guest and one Cloud Hypervisor
 guest (ENVS picks: ENVS=native,domus has neither peer) of the same Debian
@@ -392,7 +400,20 @@ def main():
         return measure(a[1], only, "--quick" in a)
     if len(a) >= 2 and a[0] == "report":
         import report
-        return report.report(a[1], " ".join(a[2:]) or "tools/bench-paper")
+        return report.report(a[1], " ".join(a[2:]) or None)
+    if len(a) == 3 and a[0] == "seed":
+        import report
+        return report.seed(a[1], a[2])
+    if len(a) == 2 and a[0] == "retried":
+        # tools/bench-paper, after a nested host failed: counted in the
+        # record, so a resumed run's results still count every retry.
+        done = {}
+        if os.path.exists(a[1]):
+            with open(a[1]) as f:
+                done = json.load(f)
+        done["retried"] = done.get("retried", 0) + 1
+        import report
+        return report.save_json(a[1], done, 1)
     sys.exit(__doc__)
 
 
