@@ -281,7 +281,9 @@ def make_clone(dom, run, snap, name):
             return
         except RuntimeError as e:
             why = str(e)
-            faulted = any(f"domain {name}:" in line and "triple-faulted" in line for line in why.splitlines())
+            # The daemon's log line for the VMM's message ends with the
+            # domain's tracing field, `domain="NAME"`: its own, exactly.
+            faulted = any(f'domain="{name}"' in line and "triple-faulted" in line for line in why.splitlines())
             if attempt == REPLACEMENTS or not faulted:
                 raise
             say(f"{name}: the clone triple-faulted while it was made; making it again")

@@ -126,7 +126,11 @@ impl Daemon {
         let tag = u64::from_ne_bytes(tag);
         domus_jail::fdpass::send(socket, tag, file.as_fd()).map_err(|e| Error::Start {
             name: r.name.clone(),
-            msg: format!("passing {} to its VMM: {e}", path.display()),
+            msg: if crate::vmm_exited(r) {
+                format!("passing {}: {}: {e}", path.display(), crate::VMM_EXITED)
+            } else {
+                format!("passing {} to its VMM: {e}", path.display())
+            },
         })?;
         Ok(tag)
     }
