@@ -314,6 +314,12 @@ def report(src, command=None):
                if x not in exps or exps[x].get("partial")]
     if missing:
         lines += ["## Not finished in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
+    # Records an experiment's later run replaced (put aside in the record
+    # by hand, with why): kept in results.json, named here.
+    if raw.get("superseded"):
+        doc["superseded"] = raw["superseded"]
+        lines += ["## Superseded records", "", "Kept in `results.json`'s `superseded` (bench/paper/NOTES.md "
+                  "says what replaced them):", ""] + [f"- {k}" for k in raw["superseded"]] + [""]
     save_json(os.path.join(HERE, "results.json"), doc, 2)
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines))
@@ -340,7 +346,7 @@ def seed(results, out):
            "retried": doc.get("retried", 0), "boots_retried": doc.get("boots_retried", []),
            "clones_replaced": doc.get("clones_replaced", []),
            "commands": [doc["command"]] if doc.get("command") else [],
-           "experiments": {}, "partial": {}}
+           "experiments": {}, "partial": {}, "superseded": doc.get("superseded", {})}
     for name, exp in doc.get("experiments", {}).items():
         if name == "fig3":
             # Figure 3 joins three experiments' records.

@@ -271,7 +271,8 @@ def describe(name, exp, cpus):
         "scal": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: up to {r['most']} {clones} (as many as admission "
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
-                f"clone: {r['idle_mib_per_domain']:.1f} MiB.",
+                + (f"clone: {r['idle_mib_per_domain']:.1f} MiB." if "idle_mib_per_domain" in r
+                   else "clone: not measured yet (it is measured last)."),
         "slice": lambda: slice_description(r, n, clones),
     }[name]()
 
