@@ -101,7 +101,7 @@ def fig5_table(exp):
         rows[phase] = {"weights": w, "tps": tps, "share": share, "weight_share": want,
                        "vcpu_share": cpu, "worst_off": worst, "aggregate_tps": total,
                        "target": "met" if ok else f"missed: a share {worst * 100:.0f}% off its "
-                       "weight's (target 10%)" if worst is not None else "missed"}
+                       "weight's (target 10%)" if worst is not None else "not measured"}
         lines += ["", f"### {phase_name(phase, w)}: aggregate {total:.0f} tps; {rows[phase]['target']}", "",
                   "| domain | weight | tps | share | weight's share | share/weight's | vCPU time share | "
                   "vCPU share/weight's |",
@@ -163,7 +163,7 @@ def fig6_table(exp):
         worst = min((v for v in rel.values() if v is not None), default=None)
         verdict = ("" if phase == "alone" else "met" if worst is not None and worst >= ISOLATION_TARGET
                    else f"missed: {(1 - worst) * 100:.0f}% lost (target 5%)" if worst is not None
-                   else "missed")
+                   else "not measured")
         rows[phase] = {"median": m, "vs_alone": rel, "target": verdict}
         lines.append(f"| {'none (alone)' if phase == 'alone' else phase} | {fmt(m['web'], 0)} | "
                      f"{fmt(rel['web'])} | {fmt(m['pg'], 0)} | {fmt(rel['pg'])} | {verdict} |")
@@ -204,7 +204,7 @@ def scal_table(exp, cpus):
         spread = med([min(r["each"]) / max(r["each"]) for r in res["runs"].get("domus", {}).get(str(n), [])
                       if max(r["each"]) > 0])
         verdict = ("met" if scale is not None and scale >= SCALING_TARGET else
-                   f"missed: {(1 - scale) * 100:.0f}% below (target 10%)" if scale is not None else "missed")
+                   f"missed: {(1 - scale) * 100:.0f}% below (target 10%)" if scale is not None else "not measured")
         rows[str(n)] = {"native": nat, "domus": dom, "domus_vs_native": dom / nat if nat and dom else None,
                         "domus_vs_ideal": scale, "least_over_most": spread, "target": verdict}
         lines.append(f"| {n} | {fmt(nat, 0)} | {fmt(dom, 0)} | {fmt(rows[str(n)]['domus_vs_native'])} | "
