@@ -314,6 +314,12 @@ def report(src, command=None):
                if x not in exps or exps[x].get("partial")]
     if missing:
         lines += ["## Not finished in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
+    # Trials toward an environment a finished experiment still lacks
+    # (run.py's missing_envs), not shown until that run ends: kept, so a
+    # fresh clone's resumed run goes on from them.
+    pending = {k: v for k, v in raw.get("partial", {}).items() if k in raw.get("experiments", {})}
+    if pending:
+        doc["pending"] = pending
     # Records an experiment's later run replaced (put aside in the record
     # by hand, with why): kept in results.json, named here.
     if raw.get("superseded"):
@@ -359,4 +365,5 @@ def seed(results, out):
                 sys.exit(f"bench/paper: {results} does not say at which size {x} was measured "
                          "(--quick or not); run without RESUME=1")
             raw["partial" if partial else "experiments"][x] = {"runs": runs, "quick": quick}
+    raw["partial"].update(doc.get("pending", {}))
     save_json(out, raw, 1)
