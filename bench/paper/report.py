@@ -192,8 +192,7 @@ def multi_sections(exps, doc):
             continue
         exp = exps[name]
         rows, tbl = table(exp)
-        doc["experiments"][name] = {"rows": rows, "runs": exp["runs"], "quick": exp.get("quick"),
-                                    "partial": bool(exp.get("partial"))}
+        doc["experiments"][name] = {"rows": rows, **kept(exp)}
         lines += ([f"## {title}", ""] + partial_note(exp) + [rm.describe(name, exp, cpus)]
                   + (tbl if tbl[0] == "" else [""] + tbl))
         lines += rm.cpu_table(name, exp)
@@ -276,9 +275,7 @@ def report(src, command=None):
     if "osbench" in exps:
         rows, tables = osbench_tables(exps["osbench"])
         n = len(exps["osbench"]["runs"].get("domus", []))
-        doc["experiments"]["osbench"] = {"rows": rows, "trials": n, "runs": exps["osbench"]["runs"],
-                                         "quick": exps["osbench"].get("quick"),
-                                         "partial": bool(exps["osbench"].get("partial"))}
+        doc["experiments"]["osbench"] = {"rows": rows, "trials": n, **kept(exps["osbench"])}
         lines += [f"## Tables 3-5: OS microbenchmarks ({n} trial(s); `domus-guest osbench`)"] + tables
         fs = doc["config"].get("native_fs")
         if fs == "chroot":
@@ -305,9 +302,7 @@ def report(src, command=None):
             cmp = compare(med, True, guests)
             rows[key] = {"median": med, **cmp}
             lines.append(f"| {label} | {cells(med, cmp, guests, 0)} |")
-        doc["experiments"]["net"] = {"rows": rows, "trials": n, "runs": runs,
-                                     "quick": exps["net"].get("quick"),
-                                     "partial": bool(exps["net"].get("partial"))}
+        doc["experiments"]["net"] = {"rows": rows, "trials": n, **kept(exps["net"])}
         lines.append("")
     lines += multi_sections(exps, doc)
     missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
@@ -330,6 +325,12 @@ def report(src, command=None):
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def kept(exp):
+    """What results.json keeps of an experiment's record, for `seed` to
+    make it again: its trials, its size and whether it finished."""
+    return {"runs": exp["runs"], "quick": exp.get("quick"), "partial": bool(exp.get("partial"))}
 
 
 def save_json(path, value, indent):

@@ -63,6 +63,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
 import multi  # noqa: E402
+import report  # noqa: E402
 import timeslice  # noqa: E402
 import workloads  # noqa: E402
 from envs import say  # noqa: E402
@@ -112,10 +113,7 @@ class Run:
         self.snap = None  # multi.py's template snapshot, made on first use
 
     def save(self):
-        tmp = self.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.done, f, indent=1)
-        os.replace(tmp, self.out)
+        report.save_json(self.out, self.done, 1)
 
     def trials(self, name, environments, one):
         """Runs `one(env)` (a dict of values) trials(quick) times in each
@@ -399,10 +397,8 @@ def main():
                 sys.exit(f"bench/paper: no experiment {', '.join(bad)} (there are: {', '.join(EXPERIMENTS)})")
         return measure(a[1], only, "--quick" in a)
     if len(a) >= 2 and a[0] == "report":
-        import report
         return report.report(a[1], " ".join(a[2:]) or None)
     if len(a) == 3 and a[0] == "seed":
-        import report
         return report.seed(a[1], a[2])
     if len(a) == 2 and a[0] == "retried":
         # tools/bench-paper, after a nested host failed: counted in the
@@ -412,7 +408,6 @@ def main():
             with open(a[1]) as f:
                 done = json.load(f)
         done["retried"] = done.get("retried", 0) + 1
-        import report
         return report.save_json(a[1], done, 1)
     sys.exit(__doc__)
 
