@@ -126,8 +126,12 @@ impl Daemon {
         let tag = u64::from_ne_bytes(tag);
         domus_jail::fdpass::send(socket, tag, file.as_fd()).map_err(|e| Error::Start {
             name: r.name.clone(),
-            msg: if crate::vmm_exited(r) {
-                format!("passing {}: {}: {e}", path.display(), crate::VMM_EXITED)
+            msg: if crate::vmmcall::vmm_exited(r) {
+                format!(
+                    "passing {}: {}: {e}",
+                    path.display(),
+                    crate::vmmcall::VMM_EXITED
+                )
             } else {
                 format!("passing {} to its VMM: {e}", path.display())
             },
