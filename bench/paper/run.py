@@ -322,7 +322,16 @@ def measure(out, only, quick):
             # host that dies meanwhile leaves the finished record as it
             # was, still missing the environment.
             say(f"{x}: measured already, but not in {', '.join(missing)}: running that, keeping the rest")
-            done.setdefault("partial", {})[x] = {"quick": quick, "runs": copy.deepcopy(had[x]["runs"])}
+            partial = done.setdefault("partial", {})
+            runs = copy.deepcopy(had[x]["runs"])
+            mine = partial.get(x)
+            if mine is not None and mine.get("quick") == quick:
+                # An earlier host's trials of the missing environment(s),
+                # kept: the host died before it finished them.
+                for env, got in mine["runs"].items():
+                    if len(got) > len(runs.get(env, [])):
+                        runs[env] = got
+            partial[x] = {"quick": quick, "runs": runs}
             todo.append(x)
     if not todo:
         say("every experiment asked for is measured already at this size")
