@@ -115,6 +115,16 @@ class Run:
     def save(self):
         report.save_json(self.out, self.done, 1)
 
+    def note_machine(self, name):
+        """Records which outer machine (tools/bench-paper's BENCH_OUTER)
+        measured trials of `name`: a row's ratios compare only within one
+        machine, and a resumed record may span several."""
+        outer = os.environ.get("BENCH_OUTER")
+        if outer:
+            seen = self.done.setdefault("measured_on", {}).setdefault(name, [])
+            if outer not in seen:
+                seen.append(outer)
+
     def lacking(self, name, environments):
         """Those of `environments` with fewer than trials(quick) trials of
         `name` kept from earlier nested hosts (at this size): the ones an
@@ -156,6 +166,7 @@ class Run:
                         + ", ".join(f"{k}={v:g}" for k, v in list(vals.items())[:6])
                         + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
                     got[e.name].append(vals)
+                    self.note_machine(name)
                     self.save()
         names = {e.name for e in environments}
         return {k: v[:n] for k, v in got.items() if v or k in names}
