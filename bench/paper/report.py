@@ -261,8 +261,11 @@ def report(src, command=None):
              f"{doc['retried']}; guest boots run again after a reset: "
              f"{len(doc['boots_retried'])}; clones made again after a reset before they were up: "
              f"{len(doc['clones_replaced'])}.", ""]
-    if doc["measured_on"]:
-        lines += [measured_on(doc["measured_on"], list(exps)), ""]
+    # A partial experiment's machines are in its partial record.
+    where = dict(doc["measured_on"], **{x: e.get("measured_on") or [] for x, e in exps.items()
+                                        if e.get("partial")})
+    if any(where.values()):
+        lines += [measured_on(where, list(exps)), ""]
     if any(x in exps for x in ("fig3", "pg", "web")):
         rows, table = fig3_table(exps)
         counts = {x: len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps}

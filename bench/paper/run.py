@@ -116,14 +116,32 @@ class Run:
         report.save_json(self.out, self.done, 1)
 
     def note_machine(self, name):
-        """Records which outer machine (tools/bench-paper's BENCH_OUTER)
-        measured trials of `name`: a row's ratios compare only within one
-        machine, and a resumed record may span several."""
+        """Records in `name`'s partial record which outer machine
+        (tools/bench-paper's BENCH_OUTER) measured trials of it: a row's
+        ratios compare only within one machine, and a resumed record may
+        span several. The finished record takes the list (`finish`)."""
         outer = os.environ.get("BENCH_OUTER")
-        if outer:
-            seen = self.done.setdefault("measured_on", {}).setdefault(name, [])
+        mine = self.done.get("partial", {}).get(name)
+        if outer and mine is not None:
+            seen = mine.setdefault("measured_on", [])
             if outer not in seen:
                 seen.append(outer)
+
+    def finish(self, name, res):
+        """Makes `name`'s trials `res` its finished record, with the
+        machines that measured them, and drops its partial one."""
+        self.note_machine(name)  # the many-domain ones keep no trials()
+        mine = self.done.get("partial", {}).pop(name, None) or {}
+        self.done.setdefault("experiments", {})[name] = {
+            "runs": res, "quick": self.quick,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        where = self.done.setdefault("measured_on", {})
+        where.pop(name, None)
+        outer = os.environ.get("BENCH_OUTER")
+        seen = mine.get("measured_on") or ([outer] if outer else [])
+        if seen:
+            where[name] = seen
+        self.save()
 
     def lacking(self, name, environments):
         """Those of `environments` with fewer than trials(quick) trials of
@@ -302,6 +320,16 @@ def heartbeat(dom, what, every=120):
     threading.Thread(target=loop, daemon=True).start()
 
 
+def on_this_machine(outers):
+    """Whether every machine in `outers` (BENCH_OUTER strings) is this
+    one, its probe's loop time aside (it differs between nested hosts of
+    one machine); False when none is known."""
+    here = os.environ.get("BENCH_OUTER")
+    if not here or not outers:
+        return False
+    return {o.split(", probe ")[0] for o in outers} == {here.split(", probe ")[0]}
+
+
 def missing_envs(name, exp):
     """The environments asked for (ENVS) that a finished single-guest
     experiment has no trials of; QEMU and CH only where the run can have
@@ -325,7 +353,17 @@ def measure(out, only, quick):
     for x in asked:
         if had.get(x, {}).get("quick") != quick:
             todo.append(x)
-        elif missing := missing_envs(x, had[x]):
+        elif (missing := missing_envs(x, had[x])) and not on_this_machine(done.get("measured_on", {}).get(x)):
+            # A column measured here could not be set against the others:
+            # all again, the record kept until that ends; an earlier host's
+            # trials of it from here count.
+            say(f"{x}: measured already, but not in {', '.join(missing)}, and not (or not known to be) "
+                "on this machine: measuring every environment again")
+            partial = done.setdefault("partial", {})
+            if not on_this_machine(partial.get(x, {}).get("measured_on")):
+                partial.pop(x, None)
+            todo.append(x)
+        elif missing:
             # Finished without an environment asked for (a peer's host
             # died, or ENVS left it out): its trials go back to `partial`,
             # so only the missing environment's run. A copy: the trials
@@ -342,7 +380,8 @@ def measure(out, only, quick):
                 for env, got in mine["runs"].items():
                     if len(got) > len(runs.get(env, [])):
                         runs[env] = got
-            partial[x] = {"quick": quick, "runs": runs}
+            partial[x] = {"quick": quick, "runs": runs,
+                          "measured_on": list(done.get("measured_on", {}).get(x, []))}
             todo.append(x)
     if not todo:
         say("every experiment asked for is measured already at this size")
@@ -421,11 +460,7 @@ def measure(out, only, quick):
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
                    "scal": multi.scal, "slice": timeslice.slice_experiment}[name](these, run)
-            done.setdefault("experiments", {})[name] = {"runs": res, "quick": quick,
-                                                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                              time.gmtime())}
-            done.get("partial", {}).pop(name, None)
-            run.save()
+            run.finish(name, res)
     finally:
         for e in reversed(environments):
             try:
