@@ -130,15 +130,17 @@ class Run:
     def finish(self, name, res):
         """Makes `name`'s trials `res` its finished record, with the
         machines that measured them, and drops its partial one."""
-        self.note_machine(name)  # the many-domain ones keep no trials()
         mine = self.done.get("partial", {}).pop(name, None) or {}
         self.done.setdefault("experiments", {})[name] = {
             "runs": res, "quick": self.quick,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        # This host too (the many-domain experiments keep no trials()).
+        seen = mine.get("measured_on", [])
+        outer = os.environ.get("BENCH_OUTER")
+        if outer and outer not in seen:
+            seen.append(outer)
         where = self.done.setdefault("measured_on", {})
         where.pop(name, None)
-        outer = os.environ.get("BENCH_OUTER")
-        seen = mine.get("measured_on") or ([outer] if outer else [])
         if seen:
             where[name] = seen
         self.save()
