@@ -104,6 +104,40 @@ def fig3_table(exps):
     return rows, lines
 
 
+# What kvmstat recorded per Figure 3 row: (header, counter names summed,
+# per second of the row or the value at its end).
+KVM_COLS = [("exits/s", ("exits",), True), ("IRQ exits/s", ("irq_exits",), True),
+            ("HLT exits/s", ("halt_exits",), True), ("I/O+MMIO exits/s", ("io_exits", "mmio_exits"), True),
+            ("TDP faults/s", ("pf_fixed",), True), ("TLB flushes/s", ("tlb_flush",), True),
+            ("2 MiB pages", ("pages_2m",), False), ("4 KiB pages", ("pages_4k",), False)]
+
+
+def kvm_table(runs, guests):
+    """What KVM counted for each guest's VM during each Figure 3 row
+    (kvmstat): medians over the trials that recorded it of the exits per
+    second of the row and of how the nested host's two-dimensional page
+    tables mapped the guest's memory at its end. [] when none did."""
+    lines = []
+    for key, (label, *_) in workloads.FIG3_ROWS.items():
+        for g in guests:
+            wall = f"kvm.{key}.wall_s"
+            ts = [r for r in runs.get(g, []) if r.get(wall)]
+            if not ts:
+                continue
+            vals = []
+            for _, names, per_s in KVM_COLS:
+                xs = [sum(r.get(f"kvm.{key}.{n}", 0) for n in names) / (r[wall] if per_s else 1)
+                      for r in ts]
+                vals.append(f"{statistics.median(xs):.0f}")
+            wall_s = statistics.median(r[wall] for r in ts)
+            lines.append(f"| {label} | {SHORT[g]} | {len(ts)} | {wall_s:.1f} | " + " | ".join(vals) + " |")
+    if not lines:
+        return []
+    cols = ["row", "VMM", "trials", "row s"] + [h for h, _, _ in KVM_COLS]
+    return (["| " + " | ".join(cols) + " |",
+             "| " + " | ".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + " |"] + lines)
+
+
 def osbench_tables(exp):
     runs = exp["runs"]
     guests = present(runs)
@@ -280,6 +314,13 @@ def report(src, command=None):
         lines += [f"## Figure 3: relative performance ({trials})", ""] + table
         if plot_fig3(rows, os.path.join(HERE, "fig3.png")):
             lines += ["", "![Figure 3](fig3.png)"]
+        costs = kvm_table(exps["fig3"]["runs"], present(exps["fig3"]["runs"])) if "fig3" in exps else []
+        if costs:
+            lines += ["", "What KVM in the nested host counted for each guest's VM during the CPU, "
+                      "build and dbench rows (its debugfs, `bench/paper/kvmstat.py`; medians of the "
+                      "trials that recorded it). Every exit is emulated by the outer QEMU, so exits "
+                      "per second and the page size the guest's memory is mapped at are what a "
+                      "guest's speed in this nested host depends on beside its own code.", ""] + costs
         lines.append("")
     if "osbench" in exps:
         rows, tables = osbench_tables(exps["osbench"])

@@ -62,6 +62,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
+import kvmstat  # noqa: E402
 import multi  # noqa: E402
 import report  # noqa: E402
 import timeslice  # noqa: E402
@@ -182,9 +183,10 @@ class Run:
                 with running(e):
                     t0 = time.monotonic()
                     vals = one(e)
+                    shown = [(k, v) for k, v in vals.items() if not k.startswith("kvm.")]
                     say(f"{name}: trial {t + 1}/{n}: {e.name}: "
-                        + ", ".join(f"{k}={v:g}" for k, v in list(vals.items())[:6])
-                        + (" ..." if len(vals) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
+                        + ", ".join(f"{k}={v:g}" for k, v in shown[:6])
+                        + (" ..." if len(shown) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
                     got[e.name].append(vals)
                     self.note_machine(name)
                     self.save()
@@ -202,13 +204,24 @@ def fig3(environments, run):
             for key, (prep, _) in cmds.items():
                 e.sh(prep, 600)
 
+    # What each row cost the guest's VM in KVM (kvmstat: exits, the nested
+    # host's page tables), kept beside the values as `kvm.ROW.NAME`.
+    watch = kvmstat.available()
+
     def one(e):
-        vals = {}
+        vals, costs = {}, {}
         for key, (_, cmd) in cmds.items():
-            v = workloads.parse(e.sh(cmd, 1800)).get("value")
+            before = kvmstat.snapshot() if watch else {}
+            t0 = time.monotonic()
+            out = e.sh(cmd, 1800)
+            secs = time.monotonic() - t0
+            v = workloads.parse(out).get("value")
             if v is None:
                 raise RuntimeError(f"{e.name}: {key} printed no value")
             vals[key] = v
+            if watch:
+                costs.update(kvmstat.flat(key, kvmstat.moved(before, kvmstat.snapshot()), secs))
+        vals.update(costs)
         return vals
 
     return run.trials("fig3", environments, one)
@@ -332,14 +345,24 @@ def on_this_machine(outers):
     return {o.split(", probe ")[0] for o in outers} == {here.split(", probe ")[0]}
 
 
-def missing_envs(name, exp):
-    """The environments asked for (ENVS) that a finished single-guest
-    experiment has no trials of; QEMU and CH only where the run can have
-    them. The many-domain experiments run under Domus (and native) alone."""
+def missing_envs(name, exp, count):
+    """{env: trials kept} for the environments asked for (ENVS) that a
+    finished single-guest experiment has fewer than `count` trials of
+    (none at all, or a run with a smaller TRIALS); QEMU and CH only where
+    the run can have them. The many-domain experiments run under Domus
+    (and native) alone."""
     if name in MULTI:
-        return []
+        return {}
     want = [e for e in ENVS if e != "ch" or envs.ch_binary()]
-    return [e for e in want if not exp.get("runs", {}).get(e)]
+    have = {e: len(exp.get("runs", {}).get(e, [])) for e in want}
+    return {e: n for e, n in have.items() if n < count}
+
+
+def lacks(missing, count):
+    """missing_envs() in words: `not in qemu`, `2 of 5 trials in native`."""
+    none = [e for e, n in missing.items() if n == 0]
+    some = [f"{n} of {count} trials in {e}" for e, n in missing.items() if n]
+    return ", ".join(([f"not in {', '.join(none)}"] if none else []) + some)
 
 
 def measure(out, only, quick):
@@ -355,24 +378,25 @@ def measure(out, only, quick):
     for x in asked:
         if had.get(x, {}).get("quick") != quick:
             todo.append(x)
-        elif (missing := missing_envs(x, had[x])) and not on_this_machine(done.get("measured_on", {}).get(x)):
-            # A column measured here could not be set against the others:
-            # all again, the record kept until that ends; an earlier host's
-            # trials of it from here count.
-            say(f"{x}: measured already, but not in {', '.join(missing)}, and not (or not known to be) "
-                "on this machine: measuring every environment again")
+        elif ((missing := missing_envs(x, had[x], trials(quick)))
+              and not on_this_machine(done.get("measured_on", {}).get(x))):
+            # A column (or trials) measured here could not be set against
+            # the others: all again, the record kept until that ends; an
+            # earlier host's trials of it from here count.
+            say(f"{x}: measured already, but {lacks(missing, trials(quick))}, and not (or not known to "
+                "be) on this machine: measuring every environment again")
             partial = done.setdefault("partial", {})
             if not on_this_machine(partial.get(x, {}).get("measured_on")):
                 partial.pop(x, None)
             todo.append(x)
         elif missing:
             # Finished without an environment asked for (a peer's host
-            # died, or ENVS left it out): its trials go back to `partial`,
-            # so only the missing environment's run. A copy: the trials
-            # added go to `partial` alone until the experiment ends, so a
-            # host that dies meanwhile leaves the finished record as it
-            # was, still missing the environment.
-            say(f"{x}: measured already, but not in {', '.join(missing)}: running that, keeping the rest")
+            # died, or ENVS left it out), or with fewer trials than asked
+            # for: its trials go back to `partial`, so only what is missing
+            # runs (Run.lacking). A copy: the trials added go to `partial`
+            # alone until the experiment ends, so a host that dies
+            # meanwhile leaves the finished record as it was.
+            say(f"{x}: measured already, but {lacks(missing, trials(quick))}: running that, keeping the rest")
             partial = done.setdefault("partial", {})
             runs = copy.deepcopy(had[x]["runs"])
             mine = partial.get(x)
