@@ -304,8 +304,13 @@ def report(src, command=None):
         rows, table = fig3_table(exps)
         counts = {x: len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps}
         n = min(counts.values())
-        trials = (f"{n} trial(s)" if len(set(counts.values())) == 1 else
-                  "trials: " + ", ".join(f"{x} {c}" for x, c in counts.items()))
+        # An environment with other than Domus's count of trials (a resumed
+        # run that has not yet reached it) is named.
+        odd = {x: ", ".join(f"{SHORT[e]} {len(t)}" for e, t in exps[x]["runs"].items()
+                            if t and len(t) != counts[x]) for x in counts}
+        trials = (f"{n} trial(s)" if len(set(counts.values())) == 1 and not any(odd.values()) else
+                  "trials: " + ", ".join(f"{x} {c}" + (f" ({odd[x]})" if odd[x] else "")
+                                         for x, c in counts.items()))
         parts = [x for x in ("fig3", "pg", "web") if x in exps]
         doc["experiments"]["fig3"] = {"rows": rows, "trials": n,
                                       "runs": {x: exps[x]["runs"] for x in parts},
