@@ -77,12 +77,20 @@ def moved(before, after):
     return out
 
 
+PREFIX = "kvm."
+
+
+def key(row, name):
+    """The trial value's name for counter `name` during `row`."""
+    return f"{PREFIX}{row}.{name}"
+
+
 def flat(row, stats, secs):
     """`stats` (moved()) as trial values `kvm.ROW.NAME`, with the row's
     wall time `kvm.ROW.wall_s`."""
-    vals = {f"kvm.{row}.{k}": float(v) for k, v in stats.items()}
+    vals = {key(row, k): float(v) for k, v in stats.items()}
     if stats:
-        vals[f"kvm.{row}.wall_s"] = round(secs, 3)
+        vals[key(row, "wall_s")] = round(secs, 3)
     return vals
 
 

@@ -7,6 +7,7 @@ import statistics
 import sys
 import textwrap
 
+import kvmstat
 import workloads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,13 +121,13 @@ def kvm_table(runs, guests):
     lines = []
     for key, (label, *_) in workloads.FIG3_ROWS.items():
         for g in guests:
-            wall = f"kvm.{key}.wall_s"
+            wall = kvmstat.key(key, "wall_s")
             ts = [r for r in runs.get(g, []) if r.get(wall)]
             if not ts:
                 continue
             vals = []
             for _, names, per_s in KVM_COLS:
-                xs = [sum(r.get(f"kvm.{key}.{n}", 0) for n in names) / (r[wall] if per_s else 1)
+                xs = [sum(r.get(kvmstat.key(key, n), 0) for n in names) / (r[wall] if per_s else 1)
                       for r in ts]
                 vals.append(f"{statistics.median(xs):.0f}")
             wall_s = statistics.median(r[wall] for r in ts)

@@ -103,6 +103,14 @@ def running(e):
     e.pause()
 
 
+def add_this_machine(seen):
+    """Adds this outer machine (tools/bench-paper's BENCH_OUTER), where
+    known, to the list `seen` of those that measured a record."""
+    outer = os.environ.get("BENCH_OUTER")
+    if outer and outer not in seen:
+        seen.append(outer)
+
+
 class Run:
     """One `measure`: its settings, its scratch directory, and the results
     file it adds to, trial by trial (`partial`), so a nested host that dies
@@ -121,12 +129,9 @@ class Run:
         (tools/bench-paper's BENCH_OUTER) measured trials of it: a row's
         ratios compare only within one machine, and a resumed record may
         span several. The finished record takes the list (`finish`)."""
-        outer = os.environ.get("BENCH_OUTER")
         mine = self.done.get("partial", {}).get(name)
-        if outer and mine is not None:
-            seen = mine.setdefault("measured_on", [])
-            if outer not in seen:
-                seen.append(outer)
+        if mine is not None:
+            add_this_machine(mine.setdefault("measured_on", []))
 
     def finish(self, name, res):
         """Makes `name`'s trials `res` its finished record, with the
@@ -137,9 +142,7 @@ class Run:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         # This host too (the many-domain experiments keep no trials()).
         seen = mine.get("measured_on", [])
-        outer = os.environ.get("BENCH_OUTER")
-        if outer and outer not in seen:
-            seen.append(outer)
+        add_this_machine(seen)
         where = self.done.setdefault("measured_on", {})
         where.pop(name, None)
         if seen:
@@ -183,7 +186,7 @@ class Run:
                 with running(e):
                     t0 = time.monotonic()
                     vals = one(e)
-                    shown = [(k, v) for k, v in vals.items() if not k.startswith("kvm.")]
+                    shown = [(k, v) for k, v in vals.items() if not k.startswith(kvmstat.PREFIX)]
                     say(f"{name}: trial {t + 1}/{n}: {e.name}: "
                         + ", ".join(f"{k}={v:g}" for k, v in shown[:6])
                         + (" ..." if len(shown) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
