@@ -154,6 +154,10 @@ pub struct Client {
     pub port: u32,
     /// How long one request may take.
     pub timeout: Duration,
+    /// How long the guest's kernel may take to answer a connection request
+    /// (the kernel's own default, 2 s, is short for a guest on a loaded or
+    /// nested host).
+    pub connect_timeout: Duration,
 }
 
 impl Client {
@@ -162,6 +166,7 @@ impl Client {
             cid,
             port,
             timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(30),
         }
     }
 
@@ -174,7 +179,10 @@ impl Client {
     ) -> Result<(), ClientError> {
         let end = Instant::now() + patience;
         loop {
-            match self.call(&Request::Run { cmd: "true".into() }) {
+            // A guest whose vsock driver is not up yet holds the request
+            // until it is; wait no longer than the patience left.
+            let left = end.saturating_duration_since(Instant::now());
+            match self.call_within(&Request::Run { cmd: "true".into() }, left) {
                 Ok(_) => return Ok(()),
                 Err(ClientError::Connect { .. }) if Instant::now() < end && still_booting() => {
                     std::thread::sleep(Duration::from_millis(100));
@@ -195,11 +203,19 @@ impl Client {
     }
 
     fn call(&self, req: &Request) -> Result<Reply, ClientError> {
-        let conn = vsock::connect(self.cid, self.port).map_err(|source| ClientError::Connect {
-            cid: self.cid,
-            port: self.port,
-            source,
-        })?;
+        self.call_within(req, self.connect_timeout)
+    }
+
+    /// `call`, waiting at most `connect` (and `connect_timeout`) for the
+    /// connection.
+    fn call_within(&self, req: &Request, connect: Duration) -> Result<Reply, ClientError> {
+        let within = connect.min(self.connect_timeout);
+        let conn =
+            vsock::connect(self.cid, self.port, within).map_err(|source| ClientError::Connect {
+                cid: self.cid,
+                port: self.port,
+                source,
+            })?;
         vsock::set_timeout(&conn, self.timeout)?;
         let mut text = serde_json::to_string(req).map_err(|e| ClientError::Reply(e.to_string()))?;
         text.push('\n');

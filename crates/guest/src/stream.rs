@@ -3,12 +3,14 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use domus_guest::hash::Hash;
 use domus_guest::vsock;
 
 const CHUNK: usize = 64 << 10;
+/// How long a vsock peer may take to accept (see `vsock::connect`).
+const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 
 fn report(what: &str, bytes: u64, hash: u64, start: Instant) {
     let secs = start.elapsed().as_secs_f64().max(1e-9);
@@ -98,7 +100,7 @@ pub fn main(cmd: &str, args: &[String]) {
             let cid: u32 = num(args.get(1), "CID");
             let port: u32 = num(args.get(2), "PORT");
             let mib: u64 = num(args.get(3), "MIB");
-            let s = vsock::connect(cid, port)
+            let s = vsock::connect(cid, port, CONNECT_WITHIN)
                 .unwrap_or_else(|e| fail(format!("connect vsock {cid}:{port}: {e}")));
             let start = Instant::now();
             let (n, h) = send(&s, mib);
@@ -111,7 +113,7 @@ pub fn main(cmd: &str, args: &[String]) {
             let cid: u32 = num(args.get(1), "CID");
             let port: u32 = num(args.get(2), "PORT");
             let mib: u64 = num(args.get(3), "MIB");
-            let s = vsock::connect(cid, port)
+            let s = vsock::connect(cid, port, CONNECT_WITHIN)
                 .unwrap_or_else(|e| fail(format!("connect vsock {cid}:{port}: {e}")));
             let r = s.try_clone().unwrap_or_else(|e| fail(format!("dup: {e}")));
             let start = Instant::now();

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 fn socket() -> std::io::Result<OwnedFd> {
     // SAFETY: socket(2) with constant arguments.
@@ -25,9 +26,45 @@ fn address(cid: u32, port: u32) -> libc::sockaddr_vm {
 
 const ADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
 
-/// A stream connected to `port` of `cid` (2 is the host).
-pub fn connect(cid: u32, port: u32) -> std::io::Result<File> {
+/// `SO_VM_SOCKETS_CONNECT_TIMEOUT` of `<linux/vm_sockets.h>` (the libc
+/// crate has none): its `_OLD` value, which takes a 64-bit `timeval` on
+/// 64-bit Linux.
+const SO_VM_SOCKETS_CONNECT_TIMEOUT: libc::c_int = 6;
+
+fn timeval(t: Duration) -> libc::timeval {
+    libc::timeval {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_usec: libc::suseconds_t::from(t.subsec_micros() as i32),
+    }
+}
+
+fn set_connect_timeout(s: &OwnedFd, within: Duration) -> std::io::Result<()> {
+    // Linux takes zero as no wait at all: connect(2) would time out at once.
+    let tv = timeval(within.max(Duration::from_millis(1)));
+    // SAFETY: setsockopt(2) reads a timeval from the pointer, which points
+    // at `tv` with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::AF_VSOCK,
+            SO_VM_SOCKETS_CONNECT_TIMEOUT,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A stream connected to `port` of `cid` (2 is the host), waiting up to
+/// `within` for the other side to answer. The kernel's own limit is 2 s,
+/// which a guest that is busy, or starved by a loaded host, may take to
+/// answer a connection request.
+pub fn connect(cid: u32, port: u32, within: Duration) -> std::io::Result<File> {
     let s = socket()?;
+    set_connect_timeout(&s, within)?;
     let addr = address(cid, port);
     // SAFETY: the pointer and length describe `addr`, which outlives the
     // call.
@@ -86,11 +123,8 @@ impl Listener {
 }
 
 /// Makes reads and writes on `s` fail after `t` without progress.
-pub fn set_timeout(s: &File, t: std::time::Duration) -> std::io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_usec: libc::suseconds_t::from(t.subsec_micros() as i32),
-    };
+pub fn set_timeout(s: &File, t: Duration) -> std::io::Result<()> {
+    let tv = timeval(t);
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         // SAFETY: setsockopt(2) reads a timeval from the pointer, which
         // points at `tv` with its size.
@@ -108,4 +142,31 @@ pub fn set_timeout(s: &File, t: std::time::Duration) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connect_timeout_is_what_the_kernel_keeps() {
+        // Hosts without AF_VSOCK have nothing to check.
+        let Ok(s) = socket() else { return };
+        set_connect_timeout(&s, Duration::from_millis(30_250)).unwrap();
+        let mut tv = timeval(Duration::ZERO);
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: getsockopt(2) writes at most `len` bytes to `tv`.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::AF_VSOCK,
+                SO_VM_SOCKETS_CONNECT_TIMEOUT,
+                (&mut tv as *mut libc::timeval).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        // The kernel keeps it in jiffies: 30.25 s at any HZ of 100 or more.
+        assert_eq!((tv.tv_sec, tv.tv_usec / 10_000), (30, 25));
+    }
 }
