@@ -104,6 +104,12 @@ def command(vmm, g, disk, vcpus, memory):
         return cmd + os.environ.get("SOAK_DOMUS_ARGS", "").split()
     qemu = os.environ.get("KVM_HOST_QEMU", "qemu-system-x86_64")
     cmd = [qemu, "-M", "pc", "-accel", "kvm", "-cpu", "host"]
+    if vmm == "qemu-nosmm":
+        # No System Management Mode: SeaBIOS then sends no SMI at boot, and
+        # the nested host's KVM emulates no SMM entry or RSM for the guest.
+        cmd += ["-machine", "smm=off"]
+    elif vmm != "qemu":
+        raise SystemExit(f"soak: unknown VMM {vmm!r} (domus, qemu, qemu-nosmm)")
     cmd += ["-smp", str(vcpus), "-m", f"{memory}M"]
     cmd += ["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]
     cmd += ["-serial", "stdio", "-device", "virtio-rng-pci"]
