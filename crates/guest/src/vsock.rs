@@ -38,16 +38,21 @@ fn timeval(t: Duration) -> libc::timeval {
     }
 }
 
-fn set_connect_timeout(s: &OwnedFd, within: Duration) -> std::io::Result<()> {
-    // Linux takes zero as no wait at all: connect(2) would time out at once.
-    let tv = timeval(within.max(Duration::from_millis(1)));
+/// Sets the `timeval` socket option `opt` of `level` on `s` to `t`.
+fn set_timeval(
+    s: &impl AsRawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    t: Duration,
+) -> std::io::Result<()> {
+    let tv = timeval(t);
     // SAFETY: setsockopt(2) reads a timeval from the pointer, which points
     // at `tv` with its size.
     let r = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
-            libc::AF_VSOCK,
-            SO_VM_SOCKETS_CONNECT_TIMEOUT,
+            level,
+            opt,
             (&tv as *const libc::timeval).cast(),
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
@@ -56,6 +61,12 @@ fn set_connect_timeout(s: &OwnedFd, within: Duration) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+fn set_connect_timeout(s: &OwnedFd, within: Duration) -> std::io::Result<()> {
+    // Linux takes zero as no wait at all: connect(2) would time out at once.
+    let within = within.max(Duration::from_millis(1));
+    set_timeval(s, libc::AF_VSOCK, SO_VM_SOCKETS_CONNECT_TIMEOUT, within)
 }
 
 /// A stream connected to `port` of `cid` (2 is the host), waiting up to
@@ -124,22 +135,8 @@ impl Listener {
 
 /// Makes reads and writes on `s` fail after `t` without progress.
 pub fn set_timeout(s: &File, t: Duration) -> std::io::Result<()> {
-    let tv = timeval(t);
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-        // SAFETY: setsockopt(2) reads a timeval from the pointer, which
-        // points at `tv` with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        set_timeval(s, libc::SOL_SOCKET, opt, t)?;
     }
     Ok(())
 }
