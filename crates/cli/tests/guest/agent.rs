@@ -221,7 +221,7 @@ impl Running {
     /// (`domus-test: platform stall:`, which tools/test runs again) or
     /// Domus did.
     #[track_caller]
-    fn fail(&mut self, what: &str) -> ! {
+    pub(crate) fn fail(&mut self, what: &str) -> ! {
         let running = self.done.as_ref().is_some_and(|d| !d.is_finished());
         let report = if running {
             let dir = std::env::temp_dir().join(format!("domus-test-stall-{}", self.pid));
