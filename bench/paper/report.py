@@ -360,6 +360,11 @@ def report(src, command=None):
             lines.append(f"| {label} | {cells(med, cmp, guests, 0)} |")
         doc["experiments"]["net"] = {"rows": rows, "trials": n, **kept(exps["net"])}
         lines.append("")
+    if "xzmem" in exps:
+        import xzmem
+        rows, tbl = xzmem.table(exps["xzmem"], ["native"] + GUESTS, SHORT, median)
+        doc["experiments"]["xzmem"] = {"rows": rows, **kept(exps["xzmem"])}
+        lines += partial_note(exps["xzmem"]) + tbl
     lines += multi_sections(exps, doc)
     missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
                if x not in exps or exps[x].get("partial")]

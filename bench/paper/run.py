@@ -47,6 +47,9 @@ Experiments (names for --only):
            sysbench cpu with the nested host's scheduler slice at its
            default and at 30 ms, alternated (timeslice.py; Domus only; run
            only when --only names it).
+  xzmem    why Figure 3's xz row is slower under Domus than under QEMU: the
+           xz command with its memory (RSS, THPs, faults) and the nested
+           host's CPU time watched (xzmem.py; run only when --only names it).
 The last five clone one small template domain (multi.py).
 """
 import contextlib
@@ -67,15 +70,17 @@ import multi  # noqa: E402
 import report  # noqa: E402
 import timeslice  # noqa: E402
 import workloads  # noqa: E402
+import xzmem  # noqa: E402
 from envs import say  # noqa: E402
 
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
-EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice"]
+EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
+               "xzmem"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice"}
+DIAGNOSTICS = {"slice", "xzmem"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -488,7 +493,8 @@ def measure(out, only, quick):
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in these)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
-                   "scal": multi.scal, "slice": timeslice.slice_experiment}[name](these, run)
+                   "scal": multi.scal, "slice": timeslice.slice_experiment,
+                   "xzmem": lambda these, run: xzmem.experiment(these, run, running)}[name](these, run)
             run.finish(name, res)
     finally:
         for e in reversed(environments):
