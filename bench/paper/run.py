@@ -47,7 +47,7 @@ Experiments (names for --only):
            sysbench cpu with the nested host's scheduler slice at its
            default and at 30 ms, alternated (timeslice.py; Domus only; run
            only when --only names it).
-  xzmem    why Figure 3's xz row is slower under Domus than under QEMU: the
+  xzmem    what could make Figure 3's xz row slower under Domus than QEMU: the
            xz command with its memory (RSS, THPs, faults) and the nested
            host's CPU time watched (xzmem.py; run only when --only names it).
 The last five clone one small template domain (multi.py).

@@ -1,6 +1,6 @@
 """bench/paper's `xzmem` experiment (run.py; a diagnostic, run only when
---only names it): why Figure 3's xz row is slower under Domus than under
-QEMU and Cloud Hypervisor.
+--only names it): what could make Figure 3's xz row slower under Domus
+than under QEMU and Cloud Hypervisor, as its record has it.
 
 Each of QEMU's five xz trials beat each of Domus's (NOTES.md), while KVM
 in the nested host counted the same exits per second for both, Domus's
@@ -56,7 +56,8 @@ echo "value=$(( (t1 - t0) / 1000000 ))e-3 rss_mib=$(( rss / 1024 )) thp_mib=$(( 
      "minflt=$flt thp_alloc=$(( a1 - a0 )) thp_fallback=$(( f1 - f0 ))"
 """
 
-FACTS = ("{ dmesg | grep -iE 'kvm-guest|kvm-clock|haltpoll|steal|pv_|paravirt|hypervisor' | sed 's/^\\[[ 0-9.]*\\] //'; "
+FACTS = ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; "
+         "{ $s dmesg | grep -iE 'kvm-guest|kvm-clock|haltpoll|steal|pv_|paravirt|hypervisor' | sed 's/^\\[[ 0-9.]*\\] //'; "
          "echo cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null); "
          "echo thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled) "
          "defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag); "
@@ -120,7 +121,7 @@ def table(exp, envs_order, short, median):
     names = [e for e in envs_order if runs.get(e)]
     n = min(len(runs[e]) for e in names) if names else 0
     lines = ["## Diagnostic: xz -9's memory (`xzmem`)", "",
-             f"Why Figure 3's xz row is slower under Domus than under QEMU and CH ({n} trial(s) "
+             f"What could make Figure 3's xz row slower under Domus than under QEMU and CH ({n} trial(s) "
              "each; medians). Figure 3's xz command, with xz's own memory read every 0.25 s in "
              "the environment (so its times include the sampling, the same in each), the "
              "kernel's THP counters around it, and the nested host's CPU time meanwhile "
