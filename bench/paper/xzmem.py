@@ -26,6 +26,7 @@ settings and its free memory by order (/proc/buddyinfo).
 import os
 import time
 
+import cpuuse
 import kvmstat
 import workloads
 from envs import say
@@ -73,14 +74,11 @@ COLUMNS = [("xz", "xz -9 (s)", 2), ("rss_mib", "xz's peak RSS (MiB)", 0),
 
 
 def host_cpu():
-    """The nested host's /proc/stat `cpu` line as seconds: guest, user
-    (without guest), kernel (system, irq, softirq), idle (with iowait)."""
-    hz = os.sysconf("SC_CLK_TCK")
+    """The nested host's CPU times so far (cpuuse.host_times: guest, user
+    without guest, kernel, idle), as the record keeps them."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]] + [0] * 10
-    guest = v[8] + v[9]
-    return {"guest": guest / hz, "user": max(0, v[0] + v[1] - guest) / hz,
-            "kernel": (v[2] + v[5] + v[6]) / hz, "idle": (v[3] + v[4]) / hz}
+        t = cpuuse.host_times(f.readline())
+    return {k: t[k] for k in ("guest", "user", "kernel", "idle")}
 
 
 def experiment(environments, run, running):
