@@ -218,7 +218,7 @@ class Guest:
         all overdue as its clock moves on, and run them beside its first
         trial. The first trial after 8 clones came up once ran at 0.71 of
         the next one's rate, with the domains' I/O threads and the nested
-        host's kernel busy: likely this, not confirmed (NOTES.md,
+        host's kernel busy: likely this, not confirmed (RUNS.md,
         2026-11-27 evening)."""
         for attempt in range(3):
             try:

@@ -225,7 +225,7 @@ def start_clones(dom, run, n, prefix, prepare=None, paused=False):
     bring-up (its new interface, networkd, DHCP) takes about 45 s of vCPU
     time there; 8 clones made at once kept 8 vCPUs busy on 2 CPUs for 4
     to 6 minutes, and most nested hosts died during those minutes
-    (NOTES.md), where one or two at a time they mostly lived. Each batch
+    (RUNS.md), where one or two at a time they mostly lived. Each batch
     is prepared before it is paused: a clone resumed after minutes sees
     its clock jump (systemd's watchdogs then restart journald and udevd),
     and 8 of them prepared at once after that lost an SSH session."""
@@ -464,7 +464,7 @@ def sysbench_script(secs):
 
 FIG5_DOMAINS = 8
 # --quick's: no nested host has yet lived through 8 clones of this load
-# at once (NOTES.md), and 4 on 2 CPUs still give each weight of 1 to 4 a
+# at once (RUNS.md), and 4 on 2 CPUs still give each weight of 1 to 4 a
 # share below one CPU, so the weights decide.
 FIG5_DOMAINS_QUICK = 4
 # xl's default weight is 256; the weighted phase gives domain i (1 to 8)

@@ -6,7 +6,7 @@ run, another nested host) takes CPU time from the nested host's vCPUs,
 which no measurement inside it can see: its clock runs on, and its
 guests simply do less work per second. Two runs of the `slice`
 experiment a session apart gave 4 domains 546 and 835 events/s at the
-same slice and switch rate (NOTES.md); the outer machine's load is one
+same slice and switch rate (RUNS.md); the outer machine's load is one
 explanation the results could not rule out.
 
 `tools/bench-paper` runs `sample FILE` on this machine beside the nested

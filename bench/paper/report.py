@@ -255,7 +255,7 @@ def partial_note(exp):
     if not exp.get("partial"):
         return []
     return ["**Partial:** no run has finished this experiment yet; these are the trials nested "
-            "hosts finished before they died (bench/paper/NOTES.md).", ""]
+            "hosts finished before they died (bench/paper/RUNS.md).", ""]
 
 
 def report(src, command=None):
@@ -380,7 +380,7 @@ def report(src, command=None):
     # by hand, with why): kept in results.json, named here.
     if raw.get("superseded"):
         doc["superseded"] = raw["superseded"]
-        lines += ["## Superseded records", "", "Kept in `results.json`'s `superseded` (bench/paper/NOTES.md "
+        lines += ["## Superseded records", "", "Kept in `results.json`'s `superseded` (bench/paper/RUNS.md "
                   "says what replaced them):", ""] + [f"- {k}" for k in raw["superseded"]] + [""]
     save_json(os.path.join(HERE, "results.json"), doc, 2)
     with open(os.path.join(HERE, "results.md"), "w") as f:

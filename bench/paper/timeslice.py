@@ -19,7 +19,7 @@ thread asking for a 30 ms slice of its own: `sched_setattr`'s
 `sched_runtime` for SCHED_OTHER, Linux 6.12), the arms are the kernel's
 default and the daemon's setting, at 1, 4 and 8 clones; the host's base
 slice is left alone. Earlier runs also set the host-wide base slice to
-30 ms, which did as much as the per-thread slice at 4 clones (NOTES.md,
+30 ms, which did as much as the per-thread slice at 4 clones (RUNS.md,
 2026-11-27, noon)."""
 import ctypes
 import json
@@ -88,7 +88,7 @@ def slice_experiment(environments, run):
     dom = multi.domus_of(environments)
     default = base_slice()
     # Which nested host measured each trial: hosts differ by a quarter
-    # (NOTES.md), so the report sets N clones against one clone of the
+    # (RUNS.md), so the report sets N clones against one clone of the
     # same host only.
     with open("/proc/sys/kernel/random/boot_id") as f:
         host = f.read().strip()

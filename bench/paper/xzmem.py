@@ -2,7 +2,7 @@
 --only names it): what could make Figure 3's xz row slower under Domus
 than under QEMU and Cloud Hypervisor, as its record has it.
 
-Each of QEMU's five xz trials beat each of Domus's (NOTES.md), while KVM
+Each of QEMU's five xz trials beat each of Domus's (RUNS.md), while KVM
 in the nested host counted the same exits per second for both, Domus's
 guest memory all at 2 MiB there, and a kit guest chose the same CPU
 flags, mitigations, clock and THP mode under both. What that leaves is
@@ -123,7 +123,7 @@ def table(exp, envs_order, short, median):
              "each; medians). Figure 3's xz command, with xz's own memory read every 0.25 s in "
              "the environment (so its times include the sampling, the same in each), the "
              "kernel's THP counters around it, and the nested host's CPU time meanwhile "
-             "(bench/paper/xzmem.py; NOTES.md reads it).", "",
+             "(bench/paper/xzmem.py; RUNS.md reads it).", "",
              "| environment | " + " | ".join(label for _, label, _ in COLUMNS) + " |",
              "| --- | " + " | ".join("---:" for _ in COLUMNS) + " |"]
     rows = {}
