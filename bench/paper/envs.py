@@ -422,7 +422,7 @@ class Process(Guest):
         self.p = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while self.ip is None:
             if not self.alive():
-                raise Restarted(f"{self.label} ended before a lease: {self.p.stderr.read().decode()[-500:]}")
+                raise Restarted(f"{self.name}: the guest reset before it got a lease; {self.evidence()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the {self.label} guest got no lease")
             self.ip = benchlib.lease_of(self.state, BRIDGE, self.mac)
