@@ -300,7 +300,7 @@ def report(src, command=None):
     where = dict(doc["measured_on"], **{x: e.get("measured_on") or [] for x, e in exps.items()
                                         if e.get("partial")})
     if any(where.values()):
-        lines += [measured_on(where, list(exps)), ""]
+        lines += [measured_on(where, sorted(exps)), ""]
     if any(x in exps for x in ("fig3", "pg", "web")):
         rows, table = fig3_table(exps)
         counts = {x: len(exps[x]["runs"].get("domus", [])) for x in ("fig3", "pg", "web") if x in exps}
