@@ -338,10 +338,14 @@ class Domus(Guest):
     def evidence(self):
         """What the domain and the daemon last said (for a failed boot)."""
         out = []
-        for path in [os.path.join(self.state, "domains", d, "console.log")
-                     for d in sorted(os.listdir(os.path.join(self.state, "domains")))
-                     if os.path.isdir(os.path.join(self.state, "domains", d))]:
-            out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 8))
+        domains = os.path.join(self.state, "domains")
+        for d in sorted(os.listdir(domains)):
+            # A reset restarts the domain, which keeps the boot that reset
+            # as console.log.1 and starts console.log afresh.
+            for log in ("console.log.1", "console.log"):
+                path = os.path.join(domains, d, log)
+                if os.path.isfile(path):
+                    out.append(f"{path}'s last lines:\n" + benchlib.last_lines(path, 8))
         # The daemon's own lines: its log also carries every console's.
         try:
             with open(self.log.name, errors="replace") as f:
