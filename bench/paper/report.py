@@ -365,6 +365,11 @@ def report(src, command=None):
         rows, tbl = xzmem.table(exps["xzmem"], ["native"] + GUESTS, SHORT, median)
         doc["experiments"]["xzmem"] = {"rows": rows, **kept(exps["xzmem"])}
         lines += partial_note(exps["xzmem"]) + tbl
+    if "pgcost" in exps:
+        import pgcost
+        rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT, median)
+        doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
+        lines += partial_note(exps["pgcost"]) + tbl
     lines += multi_sections(exps, doc)
     missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
                if x not in exps or exps[x].get("partial")]

@@ -50,6 +50,10 @@ Experiments (names for --only):
   xzmem    what could make Figure 3's xz row slower under Domus than QEMU: the
            xz command with its memory (RSS, THPs, faults) and the nested
            host's CPU time watched (xzmem.py; run only when --only names it).
+  pgcost   where pgbench's time goes in each environment: Figure 3's pg
+           commands with the environment's CPU time, switches, IPIs and
+           disk flushes, the nested host's CPU time and KVM's counters
+           (pgcost.py; run only when --only names it).
 The last five clone one small template domain (multi.py).
 """
 import contextlib
@@ -67,6 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
 import kvmstat  # noqa: E402
 import multi  # noqa: E402
+import pgcost  # noqa: E402
 import report  # noqa: E402
 import timeslice  # noqa: E402
 import workloads  # noqa: E402
@@ -77,10 +82,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem"]
+               "xzmem", "pgcost"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -494,7 +499,8 @@ def measure(out, only, quick):
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
                    "scal": multi.scal, "slice": timeslice.slice_experiment,
-                   "xzmem": lambda these, run: xzmem.experiment(these, run, running)}[name](these, run)
+                   "xzmem": lambda these, run: xzmem.experiment(these, run, running),
+                   "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS)}[name](these, run)
             run.finish(name, res)
     finally:
         for e in reversed(environments):
