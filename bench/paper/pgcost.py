@@ -156,8 +156,8 @@ def table(exp, envs_order, short, median):
     names = [e for e in envs_order if runs.get(e)]
     n = min(len(runs[e]) for e in names) if names else 0
     lines = ["## Diagnostic: where pgbench's time goes (`pgcost`)", "",
-             f"Why Figure 3's PostgreSQL rows differ between the VMMs ({n} trial(s) each, in the "
-             "same nested hosts; medians). Figure 3's pgbench commands, with the environment's "
+             f"Why Figure 3's PostgreSQL rows differ between the VMMs ({n} trial(s) each, taken "
+             "in turn in each nested host; medians). Figure 3's pgbench commands, with the environment's "
              "CPU time, context switches, interprocessor interrupts and disk flushes counted "
              "around each (its /proc), and the nested host's CPU time and KVM's counters for "
              "the guest's VM (bench/paper/pgcost.py; RUNS.md reads it). Rates are per second "

@@ -364,12 +364,12 @@ def report(src, command=None):
         import xzmem
         rows, tbl = xzmem.table(exps["xzmem"], ["native"] + GUESTS, SHORT, median)
         doc["experiments"]["xzmem"] = {"rows": rows, **kept(exps["xzmem"])}
-        lines += partial_note(exps["xzmem"]) + tbl
+        lines += tbl[:2] + partial_note(exps["xzmem"]) + tbl[2:]
     if "pgcost" in exps:
         import pgcost
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT, median)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
-        lines += partial_note(exps["pgcost"]) + tbl
+        lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
     lines += multi_sections(exps, doc)
     missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
                if x not in exps or exps[x].get("partial")]
@@ -408,8 +408,12 @@ def measured_on(where, names):
 
 def kept(exp):
     """What results.json keeps of an experiment's record, for `seed` to
-    make it again: its trials, its size and whether it finished."""
-    return {"runs": exp["runs"], "quick": exp.get("quick"), "partial": bool(exp.get("partial"))}
+    make it again: its trials, its size and whether it finished, and an
+    unfinished one's machines (a finished one's are in `measured_on`)."""
+    out = {"runs": exp["runs"], "quick": exp.get("quick"), "partial": bool(exp.get("partial"))}
+    if exp.get("partial") and exp.get("measured_on"):
+        out["measured_on"] = exp["measured_on"]
+    return out
 
 
 def save_json(path, value, indent):
@@ -446,5 +450,7 @@ def seed(results, out):
                 sys.exit(f"bench/paper: {results} does not say at which size {x} was measured "
                          "(--quick or not); run without RESUME=1")
             raw["partial" if partial else "experiments"][x] = {"runs": runs, "quick": quick}
+            if partial and exp.get("measured_on") and name != "fig3":
+                raw["partial"][x]["measured_on"] = exp["measured_on"]
     raw["partial"].update(doc.get("pending", {}))
     save_json(out, raw, 1)
