@@ -18,7 +18,8 @@ TPC-B-like; 2 clients per vCPU, as `pg`) and around each one reads:
 
 Once per environment it also logs (not in the record) what the guest's
 kernel said about KVM's paravirtual features, its clock source, cpuidle
-driver and CPU flags, so that a difference in what the VMM offered the
+driver, CPU flags, which CPUs it thinks share a core and each cache, and
+its scheduler domains, so that a difference in what the VMM offered the
 guest shows beside one in what the workload cost.
 """
 import os
@@ -48,7 +49,13 @@ FACTS = ("s=; [ \"$(id -u)\" = 0 ] || s='sudo -n'; "
          "| sed 's/^\\[[ 0-9.]*\\] //'; "
          "echo clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource); "
          "echo cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null); "
-         "grep -m1 '^flags' /proc/cpuinfo; } 2>&1 | head -n 60")
+         "grep -m1 '^flags' /proc/cpuinfo; "
+         "grep -H . /sys/devices/system/cpu/cpu*/topology/core_cpus_list "
+         "/sys/devices/system/cpu/cpu*/cache/index*/shared_cpu_list "
+         "/sys/devices/system/cpu/cpu*/cache/index*/level; "
+         "$s mount -t debugfs none /sys/kernel/debug 2>/dev/null; "
+         "$s grep -H . /sys/kernel/debug/sched/domains/cpu*/domain*/name /sys/kernel/debug/sched/domains/cpu*/domain*/flags; "
+         "} 2>&1 | head -n 100")
 
 USER_HZ = 100
 # The snapshot's CPU times, in ticks.
