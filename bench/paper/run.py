@@ -54,7 +54,7 @@ Experiments (names for --only):
            commands with the environment's CPU time, switches, IPIs and
            disk flushes, the nested host's CPU time and KVM's counters
            (pgcost.py; run only when --only names it).
-The last five clone one small template domain (multi.py).
+fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
 import copy
