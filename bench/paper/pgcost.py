@@ -23,6 +23,7 @@ its scheduler domains, so that a difference in what the VMM offered the
 guest shows beside one in what the workload cost.
 """
 import os
+import statistics
 import time
 
 import kvmstat
@@ -155,7 +156,7 @@ def _value(trial, row, key):
     return total
 
 
-def table(exp, envs_order, short, median):
+def table(exp, envs_order, short):
     """results.md's lines for a pgcost record: for each pgbench row, one
     line per environment in each of two tables (the environment's own
     counters, the nested host's and KVM's), medians of the trials."""
@@ -184,7 +185,7 @@ def table(exp, envs_order, short, median):
                         wall = t.get(f"{row}.wall_s")
                         if v is not None and (not per_s or wall):
                             xs.append(v / wall if per_s else v)
-                    med = median([{"x": x} for x in xs], "x")
+                    med = statistics.median(xs) if xs else None
                     rows.setdefault(row, {}).setdefault(e, {})[key] = med
                     cells.append("n/a" if med is None else f"{med:.{p}f}")
                 lines.append(f"| {label} | {short[e]} | " + " | ".join(cells) + " |")

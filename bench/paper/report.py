@@ -367,7 +367,7 @@ def report(src, command=None):
         lines += tbl[:2] + partial_note(exps["xzmem"]) + tbl[2:]
     if "pgcost" in exps:
         import pgcost
-        rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT, median)
+        rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
         lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
     lines += multi_sections(exps, doc)
