@@ -358,6 +358,9 @@ def resumed(run, name, settings, key="runs"):
         mine = partial[name] = {"quick": run.quick, "runs": dict(settings, **{key: {}})}
     elif mine["runs"][key]:
         say(f"{name}: keeping what an earlier nested host measured ({kept(mine['runs'][key])})")
+    # Which machine measures it: an unfinished record from another one is
+    # dropped (run.measure), as the single-guest experiments' are.
+    run.note_machine(name)
     return mine["runs"]
 
 

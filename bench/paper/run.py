@@ -7,12 +7,14 @@ on Domus, native Linux, QEMU and Cloud Hypervisor, in one nested host
   run.py report OUT.json [COMMAND]
   run.py seed RESULTS.json OUT.json
   run.py retried OUT.json
+  run.py selftest
 
 `report` writes results.json, results.md and the plots from OUT.json,
 adding COMMAND (the invocation that measured) to the commands it quotes.
 `seed` remakes OUT.json from a committed results.json (every trial is kept
 there), so a resumed run on a fresh clone keeps what was measured.
-`retried` counts one nested host that failed.
+`retried` counts one nested host that failed. `selftest` checks which
+recorded machines count as this one (run.on_this_machine).
 
 `measure` boots one Domus domain, one QEMU guest and one Cloud Hypervisor
 guest (ENVS picks: ENVS=native,domus has neither peer) of the same Debian
@@ -348,14 +350,40 @@ def heartbeat(dom, what, every=120):
     threading.Thread(target=loop, daemon=True).start()
 
 
+# How far apart two probes (BENCH_OUTER's ring-0 loop time) may lie and still
+# be one machine: between nested hosts of one machine they ranged from 454
+# to 526 ns; the machine of 2026-11-28 late night, with the same CPU name, took 1319 to
+# 1500 ns, and its native pgbench ran 35% slower.
+SAME_SPEED = 1.5
+
+
+def machine(outer):
+    """A BENCH_OUTER string's CPU part and its probe in ns (None where
+    unknown)."""
+    cpu, _, rest = outer.partition(", probe ")
+    try:
+        return cpu, float(rest.split(" ")[0])
+    except ValueError:
+        return cpu, None
+
+
 def on_this_machine(outers):
     """Whether every machine in `outers` (BENCH_OUTER strings) is this
-    one, its probe's loop time aside (it differs between nested hosts of
-    one machine); False when none is known."""
+    one: the same CPU, memory and CPU count, and a probe within SAME_SPEED
+    of this one's (it differs a little between nested hosts of one
+    machine, and much between machines of one CPU name); False when none
+    is known."""
     here = os.environ.get("BENCH_OUTER")
     if not here or not outers:
         return False
-    return {o.split(", probe ")[0] for o in outers} == {here.split(", probe ")[0]}
+    cpu, speed = machine(here)
+    for o in outers:
+        other, s = machine(o)
+        if other != cpu:
+            return False
+        if speed and s and max(speed, s) / min(speed, s) > SAME_SPEED:
+            return False
+    return True
 
 
 def missing_envs(name, exp, count):
@@ -390,6 +418,13 @@ def measure(out, only, quick):
     todo = []
     for x in asked:
         if had.get(x, {}).get("quick") != quick:
+            # Trials of it an earlier run left unfinished on another
+            # machine could not be set against this one's: dropped.
+            seen = done.get("partial", {}).get(x, {}).get("measured_on")
+            if seen and not on_this_machine(seen):
+                say(f"{x}: dropping the unfinished trials of it measured on another machine "
+                    f"({'; '.join(seen)}): a row's ratios compare only within one machine")
+                done["partial"].pop(x)
             todo.append(x)
         elif ((missing := missing_envs(x, had[x], trials(quick)))
               and not on_this_machine(done.get("measured_on", {}).get(x))):
@@ -535,7 +570,31 @@ def main():
                 done = json.load(f)
         done["retried"] = done.get("retried", 0) + 1
         return report.save_json(a[1], done, 1)
+    if a == ["selftest"]:
+        _test()
+        return print("run: ok")
     sys.exit(__doc__)
+
+
+def _test():
+    """`run.py selftest`: which records count as this machine's."""
+    cpu = "Intel(R) Xeon(R) Processor, 2 CPUs, 23 GiB"
+    was = os.environ.get("BENCH_OUTER")
+    try:
+        os.environ["BENCH_OUTER"] = f"{cpu}, probe 1319 ns"
+        assert on_this_machine([f"{cpu}, probe 1500 ns"])
+        assert not on_this_machine([f"{cpu}, probe 1500 ns", f"{cpu}, probe 477 ns"])
+        assert not on_this_machine(["AMD EPYC, 2 CPUs, 23 GiB, probe 1319 ns"])
+        assert not on_this_machine([])
+        # An unknown probe leaves the CPU to decide.
+        assert on_this_machine([f"{cpu}, probe ? ns"])
+        os.environ["BENCH_OUTER"] = f"{cpu}, probe 460 ns"
+        assert on_this_machine([f"{cpu}, probe 526 ns", f"{cpu}, probe 454 ns"])
+        del os.environ["BENCH_OUTER"]
+        assert not on_this_machine([f"{cpu}, probe 460 ns"])
+    finally:
+        if was is not None:
+            os.environ["BENCH_OUTER"] = was
 
 
 if __name__ == "__main__":
