@@ -1,7 +1,9 @@
 //! CPUID for each vCPU: KVM's supported list (which carries the KVM
 //! paravirtual leaves: kvmclock, PV EOI, steal time, PV TLB flush, ...) with
 //! the topology made to match the domain: `n` single-threaded cores in one
-//! package, APIC id = vCPU index.
+//! package, APIC id = vCPU index; and the host's processor name, which KVM
+//! leaves blank (a guest's `/proc/cpuinfo` and `lscpu` would otherwise call
+//! the CPU by its family and model numbers, "06/06").
 
 use kvm_bindings::kvm_cpuid_entry2;
 
@@ -18,11 +20,43 @@ const LEAF1_ECX_TSC_DEADLINE: u32 = 1 << 24;
 const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
 const LEAF1_EDX_HTT: u32 = 1 << 28;
 
-/// Rewrites the entries for vCPU `id` of `n`.
-pub fn patch(entries: &mut [kvm_cpuid_entry2], id: u32, n: u32, tsc_deadline: bool) {
+/// The processor name leaves, 0x8000_0002 to 0x8000_0004: 48 bytes of
+/// ASCII, four registers per leaf.
+const BRAND_LEAVES: std::ops::RangeInclusive<u32> = 0x8000_0002..=0x8000_0004;
+
+/// This host's processor name, as the brand leaves' registers (eax, ebx,
+/// ecx, edx of each in turn); None where the CPU has none.
+pub fn host_brand() -> Option<[u32; 12]> {
+    let max = std::arch::x86_64::__cpuid(0x8000_0000).eax;
+    if max < *BRAND_LEAVES.end() {
+        return None;
+    }
+    let mut regs = [0u32; 12];
+    for (i, leaf) in BRAND_LEAVES.enumerate() {
+        let r = std::arch::x86_64::__cpuid(leaf);
+        regs[i * 4..i * 4 + 4].copy_from_slice(&[r.eax, r.ebx, r.ecx, r.edx]);
+    }
+    Some(regs)
+}
+
+/// Rewrites the entries for vCPU `id` of `n`; `brand` (host_brand) fills
+/// the processor name leaves where KVM left them blank.
+pub fn patch(
+    entries: &mut [kvm_cpuid_entry2],
+    id: u32,
+    n: u32,
+    tsc_deadline: bool,
+    brand: Option<&[u32; 12]>,
+) {
     let shift = id_bits(n);
     for e in entries.iter_mut() {
         match e.function {
+            f if BRAND_LEAVES.contains(&f) => {
+                if let (Some(b), 0) = (brand, e.eax | e.ebx | e.ecx | e.edx) {
+                    let i = (f - BRAND_LEAVES.start()) as usize * 4;
+                    (e.eax, e.ebx, e.ecx, e.edx) = (b[i], b[i + 1], b[i + 2], b[i + 3]);
+                }
+            }
             1 => {
                 e.ebx = (id << 24) | ((n.min(255)) << 16) | (8 << 8) | (e.ebx & 0xff);
                 e.ecx |= LEAF1_ECX_HYPERVISOR;
@@ -97,20 +131,20 @@ mod tests {
     #[test]
     fn leaf1_has_apic_id_count_and_hypervisor_bit() {
         let mut e = vec![entry(1, 0)];
-        patch(&mut e, 3, 4, true);
+        patch(&mut e, 3, 4, true, None);
         assert_eq!(e[0].ebx >> 24, 3);
         assert_eq!((e[0].ebx >> 16) & 0xff, 4);
         assert_ne!(e[0].ecx & LEAF1_ECX_HYPERVISOR, 0);
         assert_ne!(e[0].ecx & LEAF1_ECX_TSC_DEADLINE, 0);
         assert_ne!(e[0].edx & LEAF1_EDX_HTT, 0);
-        patch(&mut e, 0, 1, false);
+        patch(&mut e, 0, 1, false, None);
         assert_eq!(e[0].edx & LEAF1_EDX_HTT, 0);
     }
 
     #[test]
     fn extended_topology_levels() {
         let mut e = vec![entry(0xb, 0), entry(0xb, 1), entry(0xb, 2)];
-        patch(&mut e, 2, 4, false);
+        patch(&mut e, 2, 4, false, None);
         assert_eq!((e[0].eax, e[0].ebx, e[0].ecx, e[0].edx), (0, 1, 0x100, 2));
         assert_eq!((e[1].eax, e[1].ebx, e[1].ecx, e[1].edx), (2, 4, 0x201, 2));
         assert_eq!((e[2].ebx, e[2].ecx & 0xff00), (0, 0));
@@ -119,9 +153,39 @@ mod tests {
     #[test]
     fn amd_core_count() {
         let mut e = vec![entry(0x8000_0008, 0), entry(0x8000_001e, 0)];
-        patch(&mut e, 1, 4, false);
+        patch(&mut e, 1, 4, false, None);
         assert_eq!(e[0].ecx & 0xff, 3);
         assert_eq!((e[0].ecx >> 12) & 0xf, 2);
         assert_eq!(e[1].eax, 1);
+    }
+
+    #[test]
+    fn blank_brand_leaves_get_the_host_name() {
+        let name = b"Example CPU @ 2.00GHz";
+        let mut bytes = [0u8; 48];
+        bytes[..name.len()].copy_from_slice(name);
+        let mut brand = [0u32; 12];
+        for (r, c) in brand.iter_mut().zip(bytes.chunks(4)) {
+            *r = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        let mut e = vec![
+            entry(0x8000_0002, 0),
+            entry(0x8000_0003, 0),
+            entry(0x8000_0004, 0),
+        ];
+        e[2].eax = 7; // a leaf KVM filled stays as it is
+        patch(&mut e, 0, 2, false, Some(&brand));
+        let mut got = Vec::new();
+        for x in &e[..2] {
+            for r in [x.eax, x.ebx, x.ecx, x.edx] {
+                got.extend_from_slice(&r.to_le_bytes());
+            }
+        }
+        assert_eq!(&got[..], &bytes[..32]);
+        assert_eq!((e[2].eax, e[2].ebx), (7, 0));
+        // Without a host name the leaves stay blank.
+        let mut e = vec![entry(0x8000_0002, 0)];
+        patch(&mut e, 0, 2, false, None);
+        assert_eq!(e[0].eax | e[0].ebx | e[0].ecx | e[0].edx, 0);
     }
 }

@@ -550,13 +550,20 @@ pub fn run(cfg: &VmConfig, mut restore: Option<Restore>) -> Result<ExitReason> {
     let (stop_tx, stop_rx) = channel();
     let pause = Arc::new(Pause::default());
     pause::install_kick_handler().map_err(|e| Error::Io("installing the vCPU kick handler", e))?;
+    let brand = cpuid::host_brand();
     let mut vcpus = Vec::new();
     for id in 0..cfg.vcpus {
         let vcpu = vm
             .create_vcpu(u64::from(id))
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
         let mut c = base_cpuid.clone();
-        cpuid::patch(c.as_mut_slice(), id, cfg.vcpus, tsc_deadline);
+        cpuid::patch(
+            c.as_mut_slice(),
+            id,
+            cfg.vcpus,
+            tsc_deadline,
+            brand.as_ref(),
+        );
         vcpu::setup_common(&vcpu, &c)?;
         match (&restore, &entry) {
             (Some(r), _) => {
