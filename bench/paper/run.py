@@ -352,8 +352,8 @@ def heartbeat(dom, what, every=120):
 
 # How far apart two probes (BENCH_OUTER's ring-0 loop time) may lie and still
 # be one machine: between nested hosts of one machine they ranged from 454
-# to 526 ns; the machine of 2026-11-28 late night, with the same CPU name, took 1319 to
-# 1500 ns, and its native pgbench ran 35% slower.
+# to 526 ns; the machine of 2026-11-28's late night, with the same CPU name,
+# took 1319 to 1500 ns, and its native pgbench ran 35% slower.
 SAME_SPEED = 1.5
 
 
