@@ -357,7 +357,7 @@ def heartbeat(dom, what, every=120):
 SAME_SPEED = 1.5
 
 
-def machine(outer):
+def outer_speed(outer):
     """A BENCH_OUTER string's CPU part and its probe in ns (None where
     unknown)."""
     cpu, _, rest = outer.partition(", probe ")
@@ -376,9 +376,9 @@ def on_this_machine(outers):
     here = os.environ.get("BENCH_OUTER")
     if not here or not outers:
         return False
-    cpu, speed = machine(here)
+    cpu, speed = outer_speed(here)
     for o in outers:
-        other, s = machine(o)
+        other, s = outer_speed(o)
         if other != cpu:
             return False
         if speed and s and max(speed, s) / min(speed, s) > SAME_SPEED:
@@ -578,6 +578,7 @@ def main():
 
 def _test():
     """`run.py selftest`: which records count as this machine's."""
+    assert machine()["cpus"] == os.cpu_count()
     cpu = "Intel(R) Xeon(R) Processor, 2 CPUs, 23 GiB"
     was = os.environ.get("BENCH_OUTER")
     try:
