@@ -12,10 +12,23 @@ fn bzimage_guest_sees_1_2_and_4_vcpus() {
     }
 }
 
+/// The first "model name" of a /proc/cpuinfo.
+fn model_name(cpuinfo: &str) -> Option<&str> {
+    cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, name)| name.trim())
+}
+
 #[test]
 fn elf_vmlinux_boots_with_smp() {
     let mut vm = TestVm::agent().kernel(kit().vmlinux).vcpus(2).start();
     assert_eq!(vm.sh("nproc"), "2");
+    // The guest calls its CPU by the host's name (KVM leaves the brand
+    // leaves blank, which Linux shows as the family and model, "06/06").
+    let host = std::fs::read_to_string("/proc/cpuinfo").expect("the host's /proc/cpuinfo");
+    let guest = vm.sh("cat /proc/cpuinfo");
+    assert_eq!(model_name(&guest), model_name(&host), "guest:\n{guest}");
     assert_clean_poweroff(&vm.finish());
 }
 
