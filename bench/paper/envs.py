@@ -141,6 +141,10 @@ class Native:
     def resume(self):
         pass
 
+    @staticmethod
+    def vmm_pid():
+        return None  # no VMM: cost.py's VMM columns are left empty
+
     def close(self):
         """Unmounts what __init__ mounted; raises if any is left, so that
         the work directory is not removed through a mount."""
@@ -363,6 +367,14 @@ class Domus(Guest):
     def seed(self):
         return os.path.join(self.state, "overlays", "paper.seed.img")
 
+    def vmm_pid(self):
+        """The domain's VMM process (cost.py reads its CPU time)."""
+        try:
+            doms = json.loads(self.domus("list", "--json"))
+        except (RuntimeError, ValueError):
+            return None
+        return next((d.get("pid") for d in doms if d.get("name") == "paper"), None)
+
     def pause(self):
         self.domus("pause", "paper")
 
@@ -434,6 +446,9 @@ class Process(Guest):
                 time.sleep(0.5)
         self.wait_up(deadline)
         say(f"{self.name}: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+
+    def vmm_pid(self):
+        return self.p.pid if self.alive() else None
 
     def pause(self):
         if self.alive():

@@ -56,6 +56,10 @@ Experiments (names for --only):
            commands with the environment's CPU time, switches, IPIs and
            disk flushes, the nested host's CPU time and KVM's counters
            (pgcost.py; run only when --only names it).
+  webcost  what a request of Figure 3's web row costs in each environment:
+           the web row's wrk run with the same counters per request, the
+           VMM process's own CPU time by thread and wrk's (webcost.py; run
+           only when --only names it).
 fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
@@ -76,6 +80,7 @@ import multi  # noqa: E402
 import pgcost  # noqa: E402
 import report  # noqa: E402
 import timeslice  # noqa: E402
+import webcost  # noqa: E402
 import workloads  # noqa: E402
 import xzmem  # noqa: E402
 from envs import say  # noqa: E402
@@ -84,10 +89,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem", "pgcost"]
+               "xzmem", "pgcost", "webcost"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -536,7 +541,8 @@ def measure(out, only, quick):
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
                    "scal": multi.scal, "slice": timeslice.slice_experiment,
                    "xzmem": lambda these, run: xzmem.experiment(these, run, running),
-                   "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS)}[name](these, run)
+                   "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS),
+                   "webcost": lambda these, run: webcost.experiment(these, run, running, VCPUS)}[name](these, run)
             run.finish(name, res)
     finally:
         for e in reversed(environments):
