@@ -370,11 +370,12 @@ def report(src, command=None):
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
         lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
-    if "webcost" in exps:
-        import webcost
-        rows, tbl = webcost.table(exps["webcost"], ["native"] + GUESTS, SHORT)
-        doc["experiments"]["webcost"] = {"rows": rows, **kept(exps["webcost"])}
-        lines += tbl[:2] + partial_note(exps["webcost"]) + tbl[2:]
+    for name in ("webcost", "webgroup"):
+        if name in exps:
+            import webcost
+            rows, tbl = webcost.table(exps[name], ["native"] + GUESTS, SHORT, name)
+            doc["experiments"][name] = {"rows": rows, **kept(exps[name])}
+            lines += tbl[:2] + partial_note(exps[name]) + tbl[2:]
     lines += multi_sections(exps, doc)
     missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
                if x not in exps or exps[x].get("partial")]

@@ -60,6 +60,9 @@ Experiments (names for --only):
            the web row's wrk run with the same counters per request, the
            VMM process's own CPU time by thread and wrk's (webcost.py; run
            only when --only names it).
+  webgroup webcost with QEMU's and CH's VMM processes each in a cgroup of
+           its own, as Domus's daemon keeps its domain's (webcost.py; run
+           only when --only names it).
 fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
@@ -89,10 +92,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem", "pgcost", "webcost"]
+               "xzmem", "pgcost", "webcost", "webgroup"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -542,7 +545,9 @@ def measure(out, only, quick):
                    "scal": multi.scal, "slice": timeslice.slice_experiment,
                    "xzmem": lambda these, run: xzmem.experiment(these, run, running),
                    "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS),
-                   "webcost": lambda these, run: webcost.experiment(these, run, running, VCPUS)}[name](these, run)
+                   "webcost": lambda these, run: webcost.experiment(these, run, running, VCPUS),
+                   "webgroup": lambda these, run: webcost.experiment(these, run, running, VCPUS,
+                                                                     "webgroup")}[name](these, run)
             run.finish(name, res)
     finally:
         for e in reversed(environments):

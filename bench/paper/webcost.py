@@ -19,8 +19,10 @@ import statistics
 
 import cost
 import workloads
+from envs import say
 
 ROW = "web"
+CGROUPS = "/sys/fs/cgroup"
 
 # (key, label, scaling, decimals[, factor]): see cost.tables.
 GUEST_COLUMNS = [("tps", "req/s", cost.AS_IS, 0), ("busy", "busy (CPU s/s)", cost.AS_IS, 2),
@@ -32,7 +34,8 @@ GUEST_COLUMNS = [("tps", "req/s", cost.AS_IS, 0), ("busy", "busy (CPU s/s)", cos
                  ("tx_bytes_each", "bytes/TX packet", cost.AS_IS, 0),
                  ("rx_bytes_each", "bytes/RX packet", cost.AS_IS, 0)]
 HOST_COLUMNS = [("host.guest", "guest mode (ms/req)", cost.PER_OP, 3, 1000),
-                ("vmm.own+vmm.sys", "VMM's own (ms/req)", cost.PER_OP, 3, 1000),
+                ("vmm.sys", "VMM in host kernel (ms/req)", cost.PER_OP, 3, 1000),
+                ("vmm.own", "VMM in host user (ms/req)", cost.PER_OP, 3, 1000),
                 ("client", "wrk (ms/req)", cost.PER_OP, 3, 1000),
                 ("host.kernel", "host kernel (ms/req)", cost.PER_OP, 3, 1000),
                 ("host.idle", "idle (CPU s/s)", cost.PER_S, 2),
@@ -42,14 +45,53 @@ HOST_COLUMNS = [("host.guest", "guest mode (ms/req)", cost.PER_OP, 3, 1000),
                 ("kvm.hypercalls", "hypercalls/req", cost.PER_OP, 2)]
 
 
-def experiment(environments, run, running, vcpus):
-    """Trials in each environment (cost.experiment), each one wrk run."""
+def _write(path, value):
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def group_peer(e):
+    """Moves a peer's VMM process (QEMU, CH) into a cgroup of its own under
+    the nested host's root, at cgroup v2's default weight, as Domus's daemon
+    keeps each domain's VMM in a group (`domus/NAME`, under `domus` at that
+    same weight): then under every VMM the guest's threads compete with the
+    nested host's other tasks (wrk, the kernel's threads) as one entity,
+    not each thread on its own. Nothing for native and Domus."""
+    pid = e.vmm_pid()
+    if e.name in ("native", "domus") or not pid:
+        return
+    g = os.path.join(CGROUPS, f"bench-{e.name}")
+    os.makedirs(g, exist_ok=True)
+    _write(os.path.join(CGROUPS, "cgroup.subtree_control"), "+cpu")
+    _write(os.path.join(g, "cgroup.procs"), str(pid))
+    say(f"webgroup: {e.name}: its VMM (pid {pid}) in {g}, cpu.weight "
+        + open(os.path.join(g, "cpu.weight")).read().strip())
+
+
+def ungroup_peer(e):
+    """Puts a peer's VMM back in the root group and removes its own."""
+    g = os.path.join(CGROUPS, f"bench-{e.name}")
+    pid = e.vmm_pid()
+    if not os.path.isdir(g):
+        return
+    if pid:
+        _write(os.path.join(CGROUPS, "cgroup.procs"), str(pid))
+    os.rmdir(g)
+
+
+def experiment(environments, run, running, vcpus, name="webcost"):
+    """Trials in each environment (cost.experiment), each one wrk run.
+    `webgroup` (run.py) has each peer's VMM in a cgroup of its own for it
+    (group_peer)."""
+    grouped = name == "webgroup"
     script = os.path.join(run.work, "pages.lua")
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
 
     def prepare(e):
         e.sh(workloads.web_prepare(e.helper), 600)
+        if grouped:
+            group_peer(e)
 
     def command(e, key):
         ip = "127.0.0.1" if e.name == "native" else e.ip
@@ -58,43 +100,53 @@ def experiment(environments, run, running, vcpus):
 
     def cleanup(e):
         e.sh(workloads.web_stop(), 60)
+        if grouped:
+            ungroup_peer(e)
 
-    return cost.experiment("webcost", environments, run, running, {ROW: workloads.WEB_ROWS[ROW]},
+    return cost.experiment(name, environments, run, running, {ROW: workloads.WEB_ROWS[ROW]},
                            prepare, command, cleanup)
 
 
 def threads(exp, envs_order, short):
     """One line per environment: its VMM's threads by name (cost.group),
-    their own CPU time (user+system, guest mode left out) and their time
-    in guest mode per request, medians of the trials, busiest first."""
-    lines = ["The VMM's threads (own ms/req, guest-mode ms/req; threads by name, numbers folded):", "",
-             "| environment | threads |", "| --- | --- |"]
+    their CPU time in host user mode, host kernel and guest mode per
+    request, medians of the trials, busiest first."""
+    lines = ["The VMM's threads (ms per request in host user mode, host kernel, guest mode; threads "
+             "by name, numbers folded; a vCPU thread's user time is the kernel's user time less its "
+             "guest time, which the kernel's scaling of user time makes approximate, even negative):",
+             "", "| environment | threads |", "| --- | --- |"]
     out = {}
+    prefix = f"{ROW}.thread."
     for e in envs_order:
         trials = exp["runs"].get(e) or []
-        prefix = f"{ROW}.thread."
         groups = sorted({k[len(prefix):].rsplit(".", 1)[0] for t in trials for k in t if k.startswith(prefix)})
-        cells = []
         for g in groups:
-            own = [x for x in (cost.scaled(t, ROW, f"thread.{g}.own+thread.{g}.sys", cost.PER_OP, 1000)
-                               for t in trials) if x is not None]
-            guest = [x for x in (cost.scaled(t, ROW, f"thread.{g}.guest", cost.PER_OP, 1000)
-                                 for t in trials) if x is not None]
-            if own:
-                out.setdefault(e, {})[g] = {"own": statistics.median(own),
-                                            "guest": statistics.median(guest) if guest else None}
-        for g, v in sorted(out.get(e, {}).items(), key=lambda kv: -(kv[1]["own"] + (kv[1]["guest"] or 0))):
-            cells.append(f"{g}: {v['own']:.3f}, {v['guest'] or 0:.3f}")
+            meds = {}
+            for part in ("own", "sys", "guest"):
+                xs = [x for x in (cost.scaled(t, ROW, f"thread.{g}.{part}", cost.PER_OP, 1000) for t in trials)
+                      if x is not None]
+                meds[part] = statistics.median(xs) if xs else 0.0
+            out.setdefault(e, {})[g] = meds
+        busiest = sorted(out.get(e, {}).items(), key=lambda kv: -sum(kv[1].values()))
+        cells = [f"{g}: {v['own']:.3f}, {v['sys']:.3f}, {v['guest']:.3f}" for g, v in busiest]
         if cells:
             lines.append(f"| {short[e]} | " + "; ".join(cells) + " |")
     return out, lines + [""]
 
 
-def table(exp, envs_order, short):
-    """results.md's lines for a webcost record."""
+TITLES = {"webcost": ("## Diagnostic: what a web request costs (`webcost`)", ""),
+          "webgroup": ("## Diagnostic: what a web request costs, each VMM in a cgroup (`webgroup`)",
+                       "As `webcost`, but QEMU's and CH's VMM processes each in a cgroup of their own at "
+                       "the default weight, as Domus's daemon keeps its domain's (so every guest competes "
+                       "with wrk and the nested host's other tasks as one entity). ")}
+
+
+def table(exp, envs_order, short, name="webcost"):
+    """results.md's lines for a webcost (or webgroup) record."""
     n = cost.trial_count(exp, envs_order)
-    lines = ["## Diagnostic: what a web request costs (`webcost`)", "",
-             f"Why Figure 3's web row differs between the VMMs ({n} trial(s) each, taken in turn "
+    title, first = TITLES[name]
+    lines = [title, "",
+             f"{first}Why Figure 3's web row differs between the VMMs ({n} trial(s) each, taken in turn "
              "in each nested host; medians). The web row's wrk run, with the environment's CPU time, "
              "switches, network interrupts and packets counted around it (its /proc; packets of "
              "interfaces other than loopback, so none for native), the nested host's CPU time, "
@@ -104,7 +156,7 @@ def table(exp, envs_order, short):
                             (("the environment", GUEST_COLUMNS), ("the nested host and KVM", HOST_COLUMNS)),
                             envs_order, short)
     per_thread, ttbl = threads(exp, envs_order, short)
-    rows[ROW]["threads"] = per_thread
+    rows.setdefault(ROW, {})["threads"] = per_thread
     return rows, lines + tbl + ttbl
 
 
@@ -119,8 +171,10 @@ def _test():
     assert abs(d["user+sys+irq"] - 1.0) < 1e-9 and d["kvm.exits"] == 5.0 and d["client"] == 1.0, d
     assert rows[ROW]["native"]["kvm.exits"] is None
     th = rows[ROW]["threads"]["domus"]
-    assert abs(th["vcpuN"]["own"] - 0.2) < 1e-9 and abs(th["net"]["own"] - 0.3) < 1e-9, th
-    assert any(line == "| Domus | vcpuN: 0.200, 1.500; net: 0.300, 0.000 |" for line in lines), lines
+    assert abs(th["vcpuN"]["sys"] - 0.1) < 1e-9 and abs(th["net"]["sys"] - 0.25) < 1e-9, th
+    assert any(line == "| Domus | vcpuN: 0.100, 0.100, 1.500; net: 0.050, 0.250, 0.000 |"
+               for line in lines), lines
+    assert table({"runs": {}}, [], {}, "webgroup")[1][0].endswith("(`webgroup`)")
     assert "native" not in rows[ROW]["threads"]
 
 
