@@ -113,7 +113,7 @@ def derive(before, after, secs):
 
 
 def _task_times(stat):
-    """(name, user without guest mode, system, guest mode) in seconds from
+    """(name, user without guest mode (approximate), system, guest mode) in seconds from
     a /proc/PID[/task/TID]/stat line; None when it does not parse."""
     head, sep, rest = stat.rpartition(")")
     f = rest.split()
@@ -123,7 +123,10 @@ def _task_times(stat):
         utime, stime, guest = (int(f[i]) / CLK_TCK for i in (11, 12, 40))
     except ValueError:
         return None
-    return head.partition("(")[2], max(0.0, utime - guest), stime, guest
+    # Not clamped at zero: user time (scaled by the kernel to the thread's
+    # exact run time) less guest time (counted in ticks) can fall below
+    # zero, and user + system + guest must still add up to the thread's.
+    return head.partition("(")[2], utime - guest, stime, guest
 
 
 def group(name):
