@@ -64,8 +64,8 @@ def group_peer(e):
     os.makedirs(g, exist_ok=True)
     _write(os.path.join(CGROUPS, "cgroup.subtree_control"), "+cpu")
     _write(os.path.join(g, "cgroup.procs"), str(pid))
-    say(f"webgroup: {e.name}: its VMM (pid {pid}) in {g}, cpu.weight "
-        + open(os.path.join(g, "cpu.weight")).read().strip())
+    with open(os.path.join(g, "cpu.weight")) as f:
+        say(f"webgroup: {e.name}: its VMM (pid {pid}) in {g}, cpu.weight {f.read().strip()}")
 
 
 def ungroup_peer(e):
