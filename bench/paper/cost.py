@@ -31,12 +31,13 @@ import statistics
 import time
 
 import kvmstat
+import workloads
 from envs import say
 from xzmem import host_cpu
 
-# The environment's counters, one `name=value` per line (USER_HZ ticks for
-# CPU times; sums over CPUs for interrupts; whole disks only; interfaces
-# other than loopback).
+# The environment's counters, one `name=value` per line, which
+# workloads.parse reads (USER_HZ ticks for CPU times; sums over CPUs for
+# interrupts; whole disks only; interfaces other than loopback).
 AWK = [
     ("/proc/stat", r"""/^cpu / {print "user=" $2 + $3; print "sys=" $4; print "irq=" $7 + $8;
               print "idle=" $5; print "iowait=" $6; print "steal=" $9}
@@ -80,18 +81,6 @@ USER_HZ = 100
 # The snapshot's CPU times, in ticks.
 TICKS = ("user", "sys", "irq", "idle", "iowait", "steal")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def parse_snap(out):
-    vals = {}
-    for line in out.splitlines():
-        k, sep, v = line.strip().partition("=")
-        if sep:
-            try:
-                vals[k] = float(v)
-            except ValueError:
-                pass
-    return vals
 
 
 def derive(before, after, secs):
@@ -198,7 +187,7 @@ def experiment(name, environments, run, running, rows, prepare, command, cleanup
         vals = {}
         pid = e.vmm_pid()
         for key in rows:
-            before, h0 = parse_snap(e.sh("bash costsnap.sh", 60)), host_cpu()
+            before, h0 = workloads.parse(e.sh("bash costsnap.sh", 60)), host_cpu()
             k0 = kvmstat.snapshot() if watch else {}
             v0, c0 = vmm_cpu(pid), client_cpu()
             t0 = time.monotonic()
@@ -206,7 +195,7 @@ def experiment(name, environments, run, running, rows, prepare, command, cleanup
             secs = time.monotonic() - t0
             c1, v1 = client_cpu(), vmm_cpu(pid)
             k1, h1 = (kvmstat.snapshot() if watch else {}), host_cpu()
-            after = parse_snap(e.sh("bash costsnap.sh", 60))
+            after = workloads.parse(e.sh("bash costsnap.sh", 60))
             row = derive(before, after, secs)
             row["tps"] = score
             row.update({f"host.{k}": h1[k] - h0[k] for k in h0})
@@ -291,10 +280,10 @@ def trial_count(exp, envs_order):
 
 
 def _test():
-    before = parse_snap("user=100\nsys=50\nirq=10\nidle=0\niowait=20\nsteal=0\nctxt=5\n"
-                        "flushes=2\nflush_ms=4\nnot a line\nbad=x")
-    after = parse_snap("user=300\nsys=110\nirq=20\nidle=100\niowait=40\nsteal=0\nctxt=105\n"
-                       "flushes=6\nflush_ms=12")
+    before = workloads.parse("user=100\nsys=50\nirq=10\nidle=0\niowait=20\nsteal=0\nctxt=5\n"
+                             "flushes=2\nflush_ms=4\nnot a line\nbad=x")
+    after = workloads.parse("user=300\nsys=110\nirq=20\nidle=100\niowait=40\nsteal=0\nctxt=105\n"
+                            "flushes=6\nflush_ms=12")
     d = derive(before, after, 2.0)
     assert d["busy"] == 1.35 and abs(d["sys_share"] - 70 / 270) < 1e-9, d
     assert d["iowait"] == 0.1 and d["flush_ms_each"] == 2.0 and d["ctxt"] == 100, d
@@ -331,7 +320,7 @@ def _test():
     got = {}
     for path, text in (("/proc/net/dev", dev), ("/proc/interrupts", irq)):
         r = subprocess.run(["awk", progs[path]], input=text, capture_output=True, text=True)
-        got.update(parse_snap(r.stdout))
+        got.update(workloads.parse(r.stdout))
     assert got["rx_bytes"] == 100 and got["rx_packets"] == 2 and got["tx_bytes"] == 300, got
     assert got["tx_packets"] == 4 and got["netirq"] == 9 and got["res"] == 11, got
 

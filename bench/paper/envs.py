@@ -299,15 +299,18 @@ class Domus(Guest):
     def alive(self):
         return self.running("paper")
 
+    def domains(self):
+        """The daemon's `list --json`; [] when it does not answer."""
+        try:
+            return json.loads(self.domus("list", "--json"))
+        except (RuntimeError, ValueError):
+            return []
+
     def running(self, name):
         """Whether domain `name` runs (or is paused) and never reset."""
-        try:
-            doms = json.loads(self.domus("list", "--json"))
-        except (RuntimeError, ValueError):
-            return False
         return any(d.get("name") == name and d.get("restarts", 0) == 0
                    and d.get("state") not in ("restarting", "shutdown", "crashed", "destroying")
-                   for d in doms)
+                   for d in self.domains())
 
     def lease(self, name):
         """The address the daemon's DHCP leased to domain `name`, or None."""
@@ -369,11 +372,7 @@ class Domus(Guest):
 
     def vmm_pid(self):
         """The domain's VMM process (cost.py reads its CPU time)."""
-        try:
-            doms = json.loads(self.domus("list", "--json"))
-        except (RuntimeError, ValueError):
-            return None
-        return next((d.get("pid") for d in doms if d.get("name") == "paper"), None)
+        return next((d.get("pid") for d in self.domains() if d.get("name") == "paper"), None)
 
     def pause(self):
         self.domus("pause", "paper")
