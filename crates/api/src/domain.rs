@@ -163,6 +163,9 @@ pub struct DomainConfig {
     /// side channel between domains).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mergeable: bool,
+    /// CPUID bits forced in every vCPU (`cpuid = ["LEAF:REG=BITS"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpuid: Vec<crate::cpuid::CpuidRule>,
     pub on_poweroff: Action,
     pub on_reboot: Action,
     pub on_crash: Action,
@@ -242,6 +245,7 @@ mod tests {
             }],
             vsock_cid: Some(7),
             mergeable: false,
+            cpuid: Vec::new(),
             on_poweroff: Action::Destroy,
             on_reboot: Action::Restart,
             on_crash: Action::Preserve,

@@ -15,6 +15,8 @@
 //! - [`spec`]: what a domain is made of ([`spec::VmSpec`], which
 //!   `domus run --config` reads), its disks and interfaces, in JSON or in
 //!   the command-line syntax, parsed and checked once.
+//! - [`cpuid`]: CPUID bits a domain's configuration forces (xl's
+//!   `cpuid = [...]`, the xend form).
 //! - [`snapshot`]: the snapshot file's envelope and the checks made
 //!   before it is trusted.
 //! - [`migration`]: the live-migration stream between a source and a
@@ -24,6 +26,7 @@
 //! - [`openapi`]: checks of both documents' schemas against these types.
 
 pub mod client;
+pub mod cpuid;
 pub mod daemon;
 pub mod domain;
 pub mod image;

@@ -374,6 +374,9 @@ pub struct VmSpec {
     pub balloon_target_mib: Option<u64>,
     #[serde(default)]
     pub prefault: bool,
+    /// CPUID bits forced to 0 or 1 in every vCPU ([`crate::cpuid`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpuid: Vec<crate::cpuid::CpuidRule>,
     /// Guest memory open to the host's KSM (MADV_MERGEABLE): identical
     /// pages of domains that allow it are shared. Off by default (a side
     /// channel between domains).

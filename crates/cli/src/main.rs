@@ -136,13 +136,13 @@ struct RunArgs {
     /// Everything below as one JSON document instead of flags: a VM spec
     /// (domus-api's VmSpec: kernel, initrd, cmdline, vcpus, memory_mib,
     /// console, disks, nets, vsock_cid, rng, balloon, balloon_target_mib,
-    /// prefault, seccomp, api_socket,
+    /// prefault, mergeable, cpuid, seccomp, api_socket,
     /// name, exit_file; disks and nets as objects or in the flags' syntax).
     /// An unknown field is refused by name.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "kernel", "initrd", "cmdline", "vcpus", "memory", "console", "disk", "net", "vsock",
         "no_rng", "balloon", "balloon_target", "prefault", "seccomp", "api_socket", "name",
-        "exit_file",
+        "exit_file", "cpuid",
     ])]
     config: Option<PathBuf>,
     /// Start the domain saved in this snapshot (`domus save`, or the API's
@@ -156,7 +156,7 @@ struct RunArgs {
     /// checked first. See docs/snapshot-format.md.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "kernel", "initrd", "cmdline", "vcpus", "memory", "disk", "net", "no_rng", "balloon",
-        "balloon_target",
+        "balloon_target", "cpuid",
     ])]
     restore: Option<PathBuf>,
     /// Take a domain migrated live from another VMM instead of booting one
@@ -168,7 +168,7 @@ struct RunArgs {
     /// socket, seccomp, jail, disks and interfaces as with --restore.
     #[arg(long, value_name = "SOCKET", conflicts_with_all = [
         "restore", "kernel", "initrd", "cmdline", "vcpus", "no_rng", "balloon",
-        "balloon_target", "jail",
+        "balloon_target", "jail", "cpuid",
     ])]
     incoming: Option<PathBuf>,
     /// Kernel: a bzImage (/boot/vmlinuz-*) or an uncompressed ELF vmlinux.
@@ -231,6 +231,13 @@ struct RunArgs {
     /// shared can be timed by another guest, a side channel.
     #[arg(long)]
     mergeable: bool,
+    /// Force CPUID bits in every vCPU, in xl's xend form:
+    /// LEAF[,SUBLEAF]:REG=BITS[,REG=BITS], BITS being 32 characters, the
+    /// most significant bit first, each 1, 0 or x (as Domus makes it);
+    /// repeatable. `--cpuid 0x80000006:edx=00000000000000000000000000000000`
+    /// hides the L3 cache. A restored domain keeps the saved ones.
+    #[arg(long, value_name = "RULE", value_parser = cpuid_rules)]
+    cpuid: Vec<CpuidRules>,
     /// Confine every VMM thread with a seccomp filter before the guest
     /// runs: only the system calls a running VMM makes are allowed, any
     /// other kills the process (exit by SIGSYS).
@@ -272,6 +279,14 @@ struct KitArgs {
 }
 
 /// The VM spec `domus run` was given: its --config file, or its flags.
+/// The rules of one `--cpuid`.
+#[derive(Clone)]
+struct CpuidRules(Vec<domus_api::cpuid::CpuidRule>);
+
+fn cpuid_rules(s: &str) -> Result<CpuidRules, String> {
+    domus_api::cpuid::parse_xend(s).map(CpuidRules)
+}
+
 fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
     if let Some(path) = &args.config {
         let text =
@@ -301,6 +316,7 @@ fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
         balloon_target_mib: args.balloon_target.map(|b| b.div_ceil(1 << 20)),
         prefault: args.prefault,
         mergeable: args.mergeable,
+        cpuid: args.cpuid.into_iter().flat_map(|r| r.0).collect(),
         seccomp: args.seccomp,
         api_socket: args.api_socket,
         name: args.name.unwrap_or_else(|| "domain".into()),

@@ -360,6 +360,7 @@ pub(crate) fn test_config(name: &str) -> DomainConfig {
         vifs: Vec::new(),
         vsock_cid: None,
         mergeable: false,
+        cpuid: Vec::new(),
         on_poweroff: domus_api::domain::Action::Destroy,
         on_reboot: domus_api::domain::Action::Restart,
         on_crash: domus_api::domain::Action::Destroy,

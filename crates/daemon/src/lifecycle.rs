@@ -339,6 +339,7 @@ impl Daemon {
             balloon_target_mib: Some(keep_mib(r)).filter(|&m| m < c.maxmem_mib),
             prefault: false,
             mergeable: c.mergeable,
+            cpuid: c.cpuid.clone(),
             seccomp: self.seccomp,
             api_socket: Some(api.clone()),
             exit_file: Some(dir.join("exit")),

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use domus_api::cpuid::CpuidRule;
 use domus_api::spec::{Checked, DiskSpec, JailSpec, NetSpec, VmSpec};
 use domus_api::vmm::RateLimit;
 use domus_boot::layout::MIN_MEMORY;
@@ -47,6 +48,8 @@ pub struct VmConfig {
     pub prefault: bool,
     /// Guest memory open to KSM (MADV_MERGEABLE).
     pub mergeable: bool,
+    /// CPUID bits forced in every vCPU, checked ([`crate::cpuid::force`]).
+    pub cpuid: Vec<CpuidRule>,
     /// Where to serve the domain's REST API.
     pub api_socket: Option<PathBuf>,
     /// The domain's name (shown by the API).
@@ -197,6 +200,12 @@ impl VmConfig {
             },
             prefault: s.prefault,
             mergeable: s.mergeable,
+            cpuid: {
+                for r in &s.cpuid {
+                    r.check()?;
+                }
+                s.cpuid.clone()
+            },
             seccomp: s.seccomp,
             api_socket: s.api_socket.clone(),
             name: s.name.clone(),
@@ -224,6 +233,7 @@ impl VmConfig {
             balloon_target_mib: self.balloon_target.map(|b| b >> 20),
             prefault: self.prefault,
             mergeable: self.mergeable,
+            cpuid: self.cpuid.clone(),
             seccomp: self.seccomp,
             api_socket: None,
             exit_file: None,
@@ -285,6 +295,7 @@ mod tests {
             seccomp: false,
             prefault: false,
             mergeable: false,
+            cpuid: Vec::new(),
             api_socket: None,
             jail: None,
             name: "t".into(),

@@ -5,6 +5,7 @@
 //! leaves blank (a guest's `/proc/cpuinfo` and `lscpu` would otherwise call
 //! the CPU by its family and model numbers, "06/06").
 
+use domus_api::cpuid::{CpuidRule, Register};
 use kvm_bindings::kvm_cpuid_entry2;
 
 /// Bits needed to hold `n - 1` (the width of the core id field of an APIC id).
@@ -106,6 +107,26 @@ pub fn patch(
     }
 }
 
+/// Forces the bits `rules` name (a domain's `cpuid = [...]`), after
+/// [`patch`]; a rule for a leaf and subleaf that KVM's list lacks is
+/// returned, since it would change nothing.
+pub fn force(entries: &mut [kvm_cpuid_entry2], rules: &[CpuidRule]) -> Result<(), CpuidRule> {
+    for r in rules {
+        let e = entries
+            .iter_mut()
+            .find(|e| e.function == r.leaf && e.index == r.subleaf)
+            .ok_or(*r)?;
+        let reg = match r.register {
+            Register::Eax => &mut e.eax,
+            Register::Ebx => &mut e.ebx,
+            Register::Ecx => &mut e.ecx,
+            Register::Edx => &mut e.edx,
+        };
+        *reg = r.apply(*reg);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +137,24 @@ mod tests {
             index,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn rules_force_bits_of_the_leaf_and_subleaf_they_name() {
+        let mut e = vec![entry(4, 0), entry(4, 3), entry(1, 0)];
+        e[1].eax = 0xffff_ffff;
+        e[2].ecx = 0x8000_0001;
+        let rules = [
+            domus_api::cpuid::parse_xend("4,3:eax=000000xxxxxxxxxxxxxxxxxxxxxxxxx1").unwrap(),
+            domus_api::cpuid::parse_xend("1:ecx=0xxxxxxxxxxxxxxxxxxxxxxxxxxxxx10").unwrap(),
+        ]
+        .concat();
+        force(&mut e, &rules).unwrap();
+        assert_eq!((e[0].eax, e[1].eax), (0, 0x03ff_ffff));
+        assert_eq!(e[2].ecx, 2);
+        let missing =
+            domus_api::cpuid::parse_xend("4,9:eax=0xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx").unwrap();
+        assert_eq!(force(&mut e, &missing), Err(missing[0]));
     }
 
     #[test]

@@ -81,6 +81,8 @@ pub enum Error {
     Vsock(#[from] domus_virtio::vsock::VsockError),
     #[error("{0}")]
     Devices(String),
+    #[error("cpuid rule {0}: this host's KVM offers no such leaf and subleaf")]
+    CpuidLeaf(domus_api::cpuid::CpuidRule),
     #[error("restoring: {0}")]
     Snapshot(#[from] snapshot::SnapshotError),
 }
@@ -97,6 +99,7 @@ impl Error {
                 | Error::Disk(_)
                 | Error::Net(_)
                 | Error::Vsock(_)
+                | Error::CpuidLeaf(_)
                 | Error::Snapshot(
                     snapshot::SnapshotError::File(_)
                         | snapshot::SnapshotError::Cpu(_)

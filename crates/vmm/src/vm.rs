@@ -564,6 +564,7 @@ pub fn run(cfg: &VmConfig, mut restore: Option<Restore>) -> Result<ExitReason> {
             tsc_deadline,
             brand.as_ref(),
         );
+        cpuid::force(c.as_mut_slice(), &cfg.cpuid).map_err(Error::CpuidLeaf)?;
         vcpu::setup_common(&vcpu, &c)?;
         match (&restore, &entry) {
             (Some(r), _) => {

@@ -64,6 +64,7 @@ const KNOWN: &[&str] = &[
     "vif",
     "vsock",
     "mergeable",
+    "cpuid",
     "on_poweroff",
     "on_reboot",
     "on_crash",
@@ -429,6 +430,32 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
         Some(s) => int(&s, 0, 1).map_err(|m| invalid(&s, m))? == 1,
         None => false,
     };
+    // xl's xend form, a list; its libxl form ("host,FLAG=0,...") names
+    // features by xl's own table, which Domus does not carry.
+    let cpuid = match get("cpuid") {
+        Some(
+            s @ Setting {
+                value: Value::Str(_),
+                ..
+            },
+        ) => {
+            return Err(invalid(
+                &s,
+                "not supported: the libxl form (\"host,FLAG=0,...\"); write the xend form, \
+                 a list: cpuid = [\"LEAF[,SUBLEAF]:REG=BITS\", ...], BITS being 32 of 0, 1 \
+                 or x, the most significant bit first"
+                    .into(),
+            ))
+        }
+        Some(s) => {
+            let mut rules = Vec::new();
+            for entry in strings(&s).map_err(|m| invalid(&s, m))? {
+                rules.extend(domus_api::cpuid::parse_xend(&entry).map_err(|m| invalid(&s, m))?);
+            }
+            rules
+        }
+        None => Vec::new(),
+    };
     let act = |key: &str, default| match get(key) {
         Some(s) => action(&s).map_err(|m| invalid(&s, m)),
         None => Ok(default),
@@ -452,6 +479,7 @@ pub fn load(file: &str, text: &str, overrides: &[String]) -> Result<Loaded, Conf
             vifs,
             vsock_cid,
             mergeable,
+            cpuid,
             on_poweroff,
             on_reboot,
             on_crash,
@@ -482,6 +510,7 @@ vif = [ 'mac=00:16:3E:00:00:01,bridge=br0,ip=10.0.0.2,rate=10Mb/s,script=vif-bri
 on_crash = 'restart'
 vsock = 'cid=42'
 mergeable = 1
+cpuid = [ '0x80000006:edx=00000000000000000000000000000000', '1:ecx=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx0' ]
 pool = "Pool-0"
 "#;
 
@@ -502,6 +531,14 @@ pool = "Pool-0"
         assert_eq!(c.on_crash, Action::Restart);
         assert_eq!(c.vsock_cid, Some(42));
         assert!(c.mergeable);
+        let cpuid: Vec<String> = c.cpuid.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            cpuid,
+            [
+                "0x80000006:edx=00000000000000000000000000000000",
+                "0x1:ecx=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx0"
+            ]
+        );
         assert_eq!(c.on_reboot, Action::Restart);
         assert_eq!(c.on_poweroff, Action::Destroy);
         assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
@@ -611,6 +648,9 @@ pool = "Pool-0"
             ("vsock = 'cid=2'", "vsock", 1),
             ("vsock = 5", "vsock", 1),
             ("mergeable = 2", "mergeable", 1),
+            ("cpuid = 'host,topoext=0'", "cpuid", 1),
+            ("cpuid = ['1:ecx=0']", "cpuid", 1),
+            ("cpuid = [1]", "cpuid", 1),
             ("maxmem = 100", "maxmem", 1),
             ("name = '123'", "name", 1),
             ("name = 'a b'", "name", 1),
