@@ -166,12 +166,13 @@ def moved(before, after):
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
-def experiment(name, environments, run, running, rows, prepare, command, cleanup=None):
+def experiment(name, environments, run, running, rows, prepare, command, cleanup=None, also=None):
     """Trials of `name` in each environment, as run.trials runs them (the
     order turning each trial, the others paused). `prepare(e)` readies an
     environment once; each trial runs `command(e, row)` (the row's score)
-    for every row in `rows` with the counters read around it;
-    `cleanup(e)` ends what prepare started."""
+    for every row in `rows` with the counters read around it, then
+    `also(e)` (more values for the trial, uncounted); `cleanup(e)` ends
+    what prepare started."""
     snap = os.path.join(run.work, "costsnap.sh")
     with open(snap, "w") as f:
         f.write(SNAP)
@@ -205,6 +206,8 @@ def experiment(name, environments, run, running, rows, prepare, command, cleanup
             vals.update({f"{key}.{k}": v for k, v in row.items()})
             if watch:
                 vals.update(kvmstat.flat(key, kvmstat.moved(k0, k1), secs))
+        if also is not None:
+            vals.update(also(e))
         return vals
 
     try:

@@ -266,12 +266,14 @@ class Domus(Guest):
     jailed VMM under seccomp)."""
 
     name = "domus"
+    domain = "paper"
 
     def __init__(self, work, key, image, images, vcpus, memory_mib):
         super().__init__(work, key)
         self.state = os.path.join(work, "state")
         self.image, self.images = image, images
-        self.cfg = self.config("paper", memory_mib, vcpus)
+        self.vcpus, self.memory_mib = vcpus, memory_mib
+        self.cfg = self.config(self.domain, memory_mib, vcpus)
         self.log = open(os.path.join(work, "daemon.log"), "w")
         # Where snapshots go (multi.py's templates): the daemon saves only
         # into directories it serves.
@@ -280,24 +282,25 @@ class Domus(Guest):
         self.daemon = benchlib.start_daemon(self.state, images, BRIDGE, GATEWAY, self.log,
                                             [self.snaps])
 
-    def config(self, name, memory_mib, vcpus):
+    def config(self, name, memory_mib, vcpus, extra=""):
         """Writes the configuration of a domain `name` of the image (maxmem
         = memory: admission counts maxmem; a crashed domain is kept, with
-        its console, for the evidence) and returns its path."""
+        its console, for the evidence), with the xl.cfg lines `extra`, and
+        returns its path."""
         with open(self.key + ".pub") as f:
             public = f.read().strip()
         cfg = os.path.join(self.work, f"{name}.cfg")
         with open(cfg, "w") as f:
             f.write(f"name = '{name}'\nimage = '{self.image}'\nmemory = {memory_mib}\n"
                     f"maxmem = {memory_mib}\nvcpus = {vcpus}\nvif = ['']\nssh_keys = ['{public}']\n"
-                    "on_crash = 'preserve'\n")
+                    "on_crash = 'preserve'\n" + extra)
         return cfg
 
     def domus(self, *args, check=True):
         return benchlib.domus(self.state, *args, check=check)
 
     def alive(self):
-        return self.running("paper")
+        return self.running(self.domain)
 
     def domains(self):
         """The daemon's `list --json`; [] when it does not answer."""
@@ -334,13 +337,13 @@ class Domus(Guest):
 
     def start(self):
         self.ip = None
-        self.domus("destroy", "paper", check=False)
+        self.domus("destroy", self.domain, check=False)
         t0 = time.monotonic()
         deadline = t0 + UP_TIMEOUT_S
         self.domus("create", self.cfg)
-        self.ip = self.wait_lease("paper", deadline)
+        self.ip = self.wait_lease(self.domain, deadline)
         self.wait_up(deadline)
-        say(f"domus: up at {self.ip} after {time.monotonic() - t0:.0f} s")
+        say(f"{self.name}: up at {self.ip} after {time.monotonic() - t0:.0f} s")
 
     def evidence(self):
         """What the domain and the daemon last said (for a failed boot)."""
@@ -368,21 +371,39 @@ class Domus(Guest):
         return "\n".join(out)
 
     def seed(self):
-        return os.path.join(self.state, "overlays", "paper.seed.img")
+        return os.path.join(self.state, "overlays", f"{self.domain}.seed.img")
 
     def vmm_pid(self):
         """The domain's VMM process (cost.py reads its CPU time)."""
-        return next((d.get("pid") for d in self.domains() if d.get("name") == "paper"), None)
+        return next((d.get("pid") for d in self.domains() if d.get("name") == self.domain), None)
 
     def pause(self):
-        self.domus("pause", "paper")
+        self.domus("pause", self.domain)
 
     def resume(self):
-        self.domus("unpause", "paper")
+        self.domus("unpause", self.domain)
 
     def close(self):
-        self.domus("destroy", "paper", check=False)
+        self.domus("destroy", self.domain, check=False)
         benchlib.stop_daemon(self.daemon, self.state)
+
+
+class DomusVariant(Domus):
+    """A second domain of `dom`'s daemon, `domain`, made as `dom`'s with
+    the xl.cfg lines `extra` added, measured as environment `name`: one
+    setting's effect, in the same nested host (webcost's `webllc`)."""
+
+    def __init__(self, dom, name, domain, extra):
+        self.name, self.domain = name, domain
+        Guest.__init__(self, dom.work, dom.key)
+        self.state, self.image, self.images = dom.state, dom.image, dom.images
+        self.vcpus, self.memory_mib = dom.vcpus, dom.memory_mib
+        self.log, self.snaps = dom.log, dom.snaps
+        self.cfg = self.config(domain, dom.memory_mib, dom.vcpus, extra)
+
+    def close(self):
+        """Destroys the domain; the daemon is `dom`'s."""
+        self.domus("destroy", self.domain, check=False)
 
 
 class Process(Guest):

@@ -370,10 +370,11 @@ def report(src, command=None):
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
         lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
-    for name in ("webcost", "webgroup"):
+    for name in ("webcost", "webgroup", "webllc"):
         if name in exps:
             import webcost
-            rows, tbl = webcost.table(exps[name], ["native"] + GUESTS, SHORT, name)
+            rows, tbl = webcost.table(exps[name], ["native", "domus", webcost.VARIANT] + GUESTS[1:],
+                                      dict(SHORT, **{webcost.VARIANT: "Domus, no LLC"}), name)
             doc["experiments"][name] = {"rows": rows, **kept(exps[name])}
             lines += tbl[:2] + partial_note(exps[name]) + tbl[2:]
     lines += multi_sections(exps, doc)

@@ -63,6 +63,9 @@ Experiments (names for --only):
   webgroup webcost with QEMU's and CH's VMM processes each in a cgroup of
            its own, as Domus's daemon keeps its domain's (webcost.py; run
            only when --only names it).
+  webllc   webcost with a second Domus domain, domus-nollc, whose CPUID
+           shows its vCPUs no shared last-level cache, as CH's guest sees
+           here (webcost.py; run only when --only names it).
 fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
@@ -92,10 +95,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem", "pgcost", "webcost", "webgroup"]
+               "xzmem", "pgcost", "webcost", "webgroup", "webllc"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -547,7 +550,9 @@ def measure(out, only, quick):
                    "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS),
                    "webcost": lambda these, run: webcost.experiment(these, run, running, VCPUS),
                    "webgroup": lambda these, run: webcost.experiment(these, run, running, VCPUS,
-                                                                     "webgroup")}[name](these, run)
+                                                                     "webgroup"),
+                   "webllc": lambda these, run: webcost.experiment(these, run, running, VCPUS,
+                                                                   "webllc", dom)}[name](these, run)
             run.finish(name, res)
     finally:
         for e in reversed(environments):

@@ -18,6 +18,7 @@ import os
 import statistics
 
 import cost
+import envs
 import workloads
 from envs import say
 
@@ -79,11 +80,43 @@ def ungroup_peer(e):
     os.rmdir(g)
 
 
-def experiment(environments, run, running, vcpus, name="webcost"):
+# `webllc`'s second Domus domain, as an environment.
+VARIANT = "domus-nollc"
+# What webllc also measures in each trial: Table 4's context switches.
+SWITCHES = [k for k in workloads.OSBENCH_ROWS if k.startswith("ctx_")]
+
+# What `webllc`'s second Domus domain is given: CPUID that shows no
+# last-level cache shared by its vCPUs, as CH's guest sees on these
+# machines. An AMD guest kernel takes its LLC from the L3 in leaf
+# 0x80000006 (EDX); an Intel one from leaf 4's L3 (subleaf 3), whose bits
+# 25-14 say how many logical CPUs share it, less one (0 already in Domus's
+# CPUID: on Intel the two domains see the same).
+NO_SHARED_LLC = {"AuthenticAMD": "0x80000006:edx=" + "0" * 32,
+                 "GenuineIntel": "4,3:eax=" + "x" * 6 + "0" * 12 + "x" * 14}
+
+
+def no_shared_llc():
+    """The cpuid rule (xl.cfg line) that hides the shared LLC on this CPU."""
+    with open("/proc/cpuinfo") as f:
+        vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    if vendor not in NO_SHARED_LLC:
+        raise RuntimeError(f"webllc: no rule for a {vendor or 'nameless'} CPU's caches")
+    return f"cpuid = ['{NO_SHARED_LLC[vendor]}']\n"
+
+
+def experiment(environments, run, running, vcpus, name="webcost", dom=None):
     """Trials in each environment (cost.experiment), each one wrk run.
     `webgroup` (run.py) has each peer's VMM in a cgroup of its own for it
-    (group_peer)."""
+    (group_peer); `webllc` adds a second domain of Domus's daemon (`dom`),
+    `domus-nollc`, whose vCPUs see no shared last-level cache."""
     grouped = name == "webgroup"
+    variant = None
+    if name == "webllc":
+        variant = envs.DomusVariant(dom, VARIANT, "paperllc", no_shared_llc())
+        if run.lacking(name, [variant]):
+            envs.boot(variant, run.done)
+            variant.pause()
+            environments = list(environments) + [variant]
     script = os.path.join(run.work, "pages.lua")
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
@@ -103,8 +136,17 @@ def experiment(environments, run, running, vcpus, name="webcost"):
         if grouped:
             ungroup_peer(e)
 
-    return cost.experiment(name, environments, run, running, {ROW: workloads.WEB_ROWS[ROW]},
-                           prepare, command, cleanup)
+    def switches(e):
+        """webllc's context switches: osbench's, as Table 4 runs it."""
+        vals = workloads.parse(e.sh(workloads.osbench_command(e.helper, run.quick), 1800))
+        return {f"osbench.{k}": vals[k] for k in SWITCHES if k in vals}
+
+    try:
+        return cost.experiment(name, environments, run, running, {ROW: workloads.WEB_ROWS[ROW]},
+                               prepare, command, cleanup, switches if variant else None)
+    finally:
+        if variant:
+            variant.close()
 
 
 def threads(exp, envs_order, short):
@@ -138,7 +180,14 @@ TITLES = {"webcost": ("## Diagnostic: what a web request costs (`webcost`)", "")
           "webgroup": ("## Diagnostic: what a web request costs, each VMM in a cgroup (`webgroup`)",
                        "As `webcost`, but QEMU's and CH's VMM processes each in a cgroup of their own at "
                        "the default weight, as Domus's daemon keeps its domain's (so every guest competes "
-                       "with wrk and the nested host's other tasks as one entity). ")}
+                       "with wrk and the nested host's other tasks as one entity). "),
+          "webllc": ("## Diagnostic: what a web request costs, with and without a shared last-level cache "
+                     "(`webllc`)",
+                     "As `webcost`, with a second Domus domain (`Domus, no LLC`) whose vCPUs are told "
+                     "by CPUID (`cpuid = [...]`, webcost.py's NO_SHARED_LLC) that they share no "
+                     "last-level cache, as CH's guest sees on these machines: a guest kernel that "
+                     "thinks its CPUs share one wakes a task on the idle CPU, here at the price of an "
+                     "IPI and a halt. ")}
 
 
 def table(exp, envs_order, short, name="webcost"):
@@ -157,7 +206,29 @@ def table(exp, envs_order, short, name="webcost"):
                             envs_order, short)
     per_thread, ttbl = threads(exp, envs_order, short)
     rows.setdefault(ROW, {})["threads"] = per_thread
-    return rows, lines + tbl + ttbl
+    return rows, lines + tbl + ttbl + switch_table(exp, envs_order, short, rows)
+
+
+def switch_table(exp, envs_order, short, rows):
+    """webllc's context switches (osbench's, µs, medians), one column per
+    environment that has them; adds them to `rows` as rows["switches"]."""
+    runs = exp["runs"]
+    names = [e for e in envs_order if any(f"osbench.{k}" in t for t in runs.get(e, []) for k in SWITCHES)]
+    if not names:
+        return []
+    lines = ["Context switches in the same trials (osbench's, as Table 4; µs, medians, lower is better):",
+             "", "| switch | " + " | ".join(short[e] for e in names) + " |",
+             "| --- | " + " | ".join("---:" for _ in names) + " |"]
+    out = rows.setdefault("switches", {})
+    for k in SWITCHES:
+        cells = []
+        for e in names:
+            xs = [t[f"osbench.{k}"] for t in runs[e] if f"osbench.{k}" in t]
+            med = statistics.median(xs) if xs else None
+            out.setdefault(e, {})[k] = med
+            cells.append("n/a" if med is None else f"{med:.2f}")
+        lines.append(f"| {workloads.OSBENCH_ROWS[k][0]} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _test():
@@ -176,6 +247,16 @@ def _test():
                for line in lines), lines
     assert table({"runs": {}}, [], {}, "webgroup")[1][0].endswith("(`webgroup`)")
     assert "native" not in rows[ROW]["threads"]
+    # webllc's rules are xl's xend form: 32 bits, L3 sharing cleared.
+    for rule in NO_SHARED_LLC.values():
+        bits = rule.split("=", 1)[1]
+        assert len(bits) == 32 and set(bits) <= set("x0"), rule
+    assert NO_SHARED_LLC["GenuineIntel"].endswith("=" + "x" * 6 + "0" * 12 + "x" * 14)
+    rows, lines = table({"runs": {VARIANT: [dict(t, **{"osbench.ctx_2p_0k_us": 9.0})], "domus": [t]}},
+                        ["domus", VARIANT], {"domus": "Domus", VARIANT: "Domus, no LLC"}, "webllc")
+    assert lines[0].endswith("(`webllc`)") and VARIANT in rows[ROW], lines
+    assert rows["switches"][VARIANT]["ctx_2p_0k_us"] == 9.0 and "domus" not in rows["switches"], rows
+    assert "| 2 processes, 0 KiB | 9.00 |" in lines, lines
 
 
 if __name__ == "__main__":
