@@ -278,7 +278,6 @@ struct KitArgs {
     force: bool,
 }
 
-/// The VM spec `domus run` was given: its --config file, or its flags.
 /// The rules of one `--cpuid`.
 #[derive(Clone)]
 struct CpuidRules(Vec<domus_api::cpuid::CpuidRule>);
@@ -287,6 +286,7 @@ fn cpuid_rules(s: &str) -> Result<CpuidRules, String> {
     domus_api::cpuid::parse_xend(s).map(CpuidRules)
 }
 
+/// The VM spec `domus run` was given: its --config file, or its flags.
 fn run_spec(args: RunArgs) -> Result<VmSpec, String> {
     if let Some(path) = &args.config {
         let text =
