@@ -21,6 +21,7 @@ import cost
 import envs
 import workloads
 from envs import say
+from report import median
 
 ROW = "web"
 CGROUPS = "/sys/fs/cgroup"
@@ -223,8 +224,7 @@ def switch_table(exp, envs_order, short, rows):
     for k in SWITCHES:
         cells = []
         for e in names:
-            xs = [t[f"osbench.{k}"] for t in runs[e] if f"osbench.{k}" in t]
-            med = statistics.median(xs) if xs else None
+            med = median(runs[e], f"osbench.{k}")
             out.setdefault(e, {})[k] = med
             cells.append("n/a" if med is None else f"{med:.2f}")
         lines.append(f"| {workloads.OSBENCH_ROWS[k][0]} | " + " | ".join(cells) + " |")
