@@ -370,6 +370,11 @@ def report(src, command=None):
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
         lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
+    if "netcost" in exps:
+        import netcost
+        rows, tbl = netcost.table(exps["netcost"], ["native"] + GUESTS, SHORT)
+        doc["experiments"]["netcost"] = {"rows": rows, **kept(exps["netcost"])}
+        lines += tbl[:2] + partial_note(exps["netcost"]) + tbl[2:]
     for name in ("webcost", "webgroup", "webllc"):
         if name in exps:
             import webcost

@@ -66,6 +66,10 @@ Experiments (names for --only):
   webllc   webcost with a second Domus domain, domus-nollc, whose CPUID
            shows its vCPUs no shared last-level cache, as CH's guest sees
            here (webcost.py; run only when --only names it).
+  netcost  what a gigabit of Table 6's iperf3 streams costs in each
+           environment: its commands with the same counters per Gbit, the
+           VMM process's own CPU time by thread (netcost.py; run only when
+           --only names it).
 fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
@@ -83,6 +87,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
 import kvmstat  # noqa: E402
 import multi  # noqa: E402
+import netcost  # noqa: E402
 import pgcost  # noqa: E402
 import report  # noqa: E402
 import timeslice  # noqa: E402
@@ -95,10 +100,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem", "pgcost", "webcost", "webgroup", "webllc"]
+               "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -312,6 +317,11 @@ def web(environments, run):
                 e.sh(workloads.web_stop(), 60)
 
 
+def net_server(e):
+    """Where environment `e` reaches an iperf3 server in the nested host."""
+    return "127.0.0.1" if e.name == "native" else envs.GATEWAY
+
+
 def net(environments, run):
     """Table 6: iperf3 against a server in the nested host (native: over
     loopback), both directions, MTU 1500 and 500."""
@@ -319,7 +329,7 @@ def net(environments, run):
     time.sleep(1)
     try:
         def one(e):
-            to = "127.0.0.1" if e.name == "native" else envs.GATEWAY
+            to = net_server(e)
             vals = {}
             for key, (_, mtu, reverse) in workloads.NET_ROWS.items():
                 v = workloads.parse(e.sh(workloads.net_command(to, mtu, reverse, run.quick), 600)).get("value")
@@ -552,7 +562,9 @@ def measure(out, only, quick):
                    "webgroup": lambda these, run: webcost.experiment(these, run, running, VCPUS,
                                                                      "webgroup"),
                    "webllc": lambda these, run: webcost.experiment(these, run, running, VCPUS,
-                                                                   "webllc", dom)}[name](these, run)
+                                                                   "webllc", dom),
+                   "netcost": lambda these, run: netcost.experiment(these, run, running, net_server)}[name](
+                       these, run)
             run.finish(name, res)
     finally:
         for e in reversed(environments):

@@ -150,23 +150,25 @@ def experiment(environments, run, running, vcpus, name="webcost", dom=None):
             variant.close()
 
 
-def threads(exp, envs_order, short):
+def threads(exp, envs_order, short, row=ROW, unit="ms per request", factor=1000):
     """One line per environment: its VMM's threads by name (cost.group),
-    their CPU time in host user mode, host kernel and guest mode per
-    request, medians of the trials, busiest first."""
-    lines = ["The VMM's threads (ms per request in host user mode, host kernel, guest mode; threads "
+    their CPU time in host user mode, host kernel and guest mode per unit
+    of the row's score (seconds per operation times `factor`), medians of
+    the trials, busiest first."""
+    lines = [f"The VMM's threads ({unit} in host user mode, host kernel, guest mode; threads "
              "by name, numbers folded; a vCPU thread's user time is the kernel's user time less its "
              "guest time, which the kernel's scaling of user time makes approximate, even negative):",
              "", "| environment | threads |", "| --- | --- |"]
     out = {}
-    prefix = f"{ROW}.thread."
+    prefix = f"{row}.thread."
     for e in envs_order:
         trials = exp["runs"].get(e) or []
         groups = sorted({k[len(prefix):].rsplit(".", 1)[0] for t in trials for k in t if k.startswith(prefix)})
         for g in groups:
             meds = {}
             for part in ("own", "sys", "guest"):
-                xs = [x for x in (cost.scaled(t, ROW, f"thread.{g}.{part}", cost.PER_OP, 1000) for t in trials)
+                xs = [x for x in (cost.scaled(t, row, f"thread.{g}.{part}", cost.PER_OP, factor)
+                                  for t in trials)
                       if x is not None]
                 meds[part] = statistics.median(xs) if xs else 0.0
             out.setdefault(e, {})[g] = meds
