@@ -177,33 +177,50 @@ pub fn net_tx(data: &[u8]) {
 }
 
 /// The network device's receive path: frames (their size from the
-/// settings) spread over the guest's buffers until they run out.
+/// settings) spread over the guest's buffers until they run out, copied
+/// in or (a settings bit) read straight in through the I/O vectors the tap
+/// would be given.
 pub fn net_rx(data: &[u8]) {
+    use crate::net::{RxBuffers, Scatter, HDR_LEN, MAX_FRAME, MAX_IOVECS};
     let Some((mem, mut q)) = setup(data) else {
         return;
     };
     let mrg = data.get(SETTINGS + 1).is_some_and(|b| b & 2 != 0);
-    let len = crate::net::HDR_LEN + usize::from(data.get(SETTINGS + 2).copied().unwrap_or(0)) * 300;
-    let mut frame = vec![0xa5u8; len];
+    let direct = data.get(SETTINGS + 1).is_some_and(|b| b & 4 != 0);
+    let len = HDR_LEN + usize::from(data.get(SETTINGS + 2).copied().unwrap_or(0)) * 300;
+    let frame = vec![0xa5u8; len];
+    let mut bufs = RxBuffers::new(mrg);
+    let at = mem.get_host_address(GuestAddress(0)).expect("mapped") as usize;
     for _ in 0..usize::from(q.size()) + 1 {
-        match crate::net::take_rx_chains(&mut q, &mem, len, mrg) {
-            None => {
+        bufs.fill(&mut q, &mem, if direct { MAX_FRAME } else { len });
+        assert!(
+            bufs.held() <= usize::from(q.size()),
+            "more held than the ring holds"
+        );
+        if direct && bufs.room() >= len {
+            if let Some(iov) = bufs.iovecs() {
+                assert!(iov.len() <= MAX_IOVECS);
+                let mut sum = 0usize;
+                for v in &iov {
+                    // Every vector lies inside the fuzz memory's mapping.
+                    let p = v.iov_base as usize;
+                    assert!(p >= at && p + v.iov_len <= at + MEM_SIZE);
+                    sum += v.iov_len;
+                }
+                assert_eq!(sum, bufs.room(), "every held buffer");
+                let _ = bufs.complete_read(&mut q, &mem, len);
+                continue;
+            }
+        }
+        match bufs.scatter(&mut q, &mem, &frame) {
+            Scatter::NoRoom => {
                 // Short of buffers: the device asks for a kick (writes
                 // avail_event through the guest's used ring address).
                 let _ = crate::net::wait_for_buffers(&mut q, &mem);
                 break;
             }
-            Some(Err(())) => {}
-            Some(Ok(chains)) => {
-                assert!(!chains.is_empty());
-                if let Some(used) = crate::net::scatter_rx(&mem, &mut frame, &chains) {
-                    let total: u64 = used.iter().map(|u| u64::from(u.1)).sum();
-                    assert_eq!(total, len as u64, "the whole frame is delivered");
-                    for (head, n) in used {
-                        let _ = q.add_used(&mem, head, n);
-                    }
-                }
-            }
+            Scatter::Dropped => {}
+            Scatter::Delivered(n) => assert!(n >= 1 && (mrg || n == 1)),
         }
     }
 }

@@ -7,7 +7,8 @@
 //! need nothing from us), and `TUNSETOFFLOAD` tells the tap which of those
 //! the guest accepts (`GUEST_*`). Receive buffers are mergeable
 //! (`MRG_RXBUF`): a large frame spreads over several chains and the header
-//! says how many.
+//! says how many. Frames from the tap are read straight into the guest's
+//! buffers when those the device holds could take the largest (`rx`).
 //!
 //! One thread per interface serves both queues and the tap. A token-bucket
 //! limiter (bytes and packets per second) covers both directions together;
@@ -29,8 +30,10 @@ use crate::epoll::Poller;
 use crate::ratelimit::{Limits, Shared};
 use crate::{ActivateError, Activation, DeviceThread, Interrupt, Memory, VirtioDevice};
 
+mod rx;
 mod tap;
 
+pub use rx::{RxBuffers, Scatter, MAX_IOVECS};
 pub use tap::{default_mac, format_mac, offload_flags, NetError, Tap};
 
 use virtio_bindings::virtio_net as vn;
@@ -86,6 +89,9 @@ pub struct Counters {
     pub rx_kicks: AtomicU64,
     pub tx_kicks: AtomicU64,
     pub interrupts: AtomicU64,
+    /// Received frames the tap's read wrote straight into guest buffers
+    /// (of `rx_packets`; the others were copied from the device's own).
+    pub rx_direct: AtomicU64,
 }
 
 impl crate::Stats for Counters {
@@ -101,6 +107,7 @@ impl crate::Stats for Counters {
             ("rx_kicks", &self.rx_kicks),
             ("tx_kicks", &self.tx_kicks),
             ("interrupts", &self.interrupts),
+            ("rx_direct", &self.rx_direct),
         ]
         .into_iter()
         .map(|(n, v)| (n, v.load(Ordering::Relaxed)))
@@ -200,45 +207,18 @@ pub fn tx_iovecs(mem: &Memory, descs: &[(u64, u32, bool)]) -> Option<(Vec<libc::
     (total >= HDR_LEN).then_some((iov, total))
 }
 
-/// Where a received frame goes: for each chain, its head and writable
-/// (address, length) pieces.
-type RxChains = Vec<(u16, Vec<(u64, u32)>)>;
-
-/// Copies `frame` into the chains, setting the header's `num_buffers`;
-/// returns each chain's head and the bytes written into it, or None if a
-/// guest buffer is outside guest memory.
-pub fn scatter_rx(mem: &Memory, frame: &mut [u8], chains: &RxChains) -> Option<Vec<(u16, u32)>> {
-    let n = u16::try_from(chains.len()).ok()?;
-    frame[10..12].copy_from_slice(&n.to_le_bytes());
-    let mut done = 0usize;
-    let mut used = Vec::with_capacity(chains.len());
-    for (head, pieces) in chains {
-        let mut in_chain = 0u32;
-        for &(addr, len) in pieces {
-            if done == frame.len() {
-                break;
-            }
-            let take = (len as usize).min(frame.len() - done);
-            mem.write_slice(&frame[done..done + take], GuestAddress(addr))
-                .ok()?;
-            done += take;
-            in_chain += take as u32;
-        }
-        used.push((*head, in_chain));
-    }
-    Some(used)
-}
-
 struct Engine {
     mem: Arc<Memory>,
     tap: Arc<Tap>,
     irq: Interrupt,
     rx: Queue,
     tx: Queue,
-    mrg: bool,
+    /// Receive chains taken and not yet used.
+    bufs: RxBuffers,
     counters: Arc<Counters>,
     limiter: Arc<Shared>,
-    /// A frame read from the tap that is waiting for guest buffers.
+    /// A frame read from the tap into `rx_buf` that is waiting for guest
+    /// buffers.
     rx_frame: Option<usize>,
     rx_buf: Vec<u8>,
     tap_watched: bool,
@@ -259,58 +239,6 @@ enum Rx {
     NoRoom,
     /// The limiter says wait.
     Throttled(Duration),
-}
-
-/// Collects enough receive chains of `q` for a frame of `len` bytes (one
-/// chain without mergeable buffers). None: not enough buffers, and the
-/// chains stay in the ring; Some(Err): a chain was unusable (read-only, or
-/// too small without mergeable buffers) and every chain taken went back
-/// empty.
-pub fn take_rx_chains(
-    q: &mut Queue,
-    mem: &Memory,
-    len: usize,
-    mrg: bool,
-) -> Option<Result<RxChains, ()>> {
-    let mut chains: RxChains = Vec::new();
-    let mut room = 0usize;
-    while room < len {
-        let Some(chain) = q.pop_descriptor_chain(mem) else {
-            for _ in 0..chains.len() {
-                q.go_to_previous_position();
-            }
-            return None;
-        };
-        let head = chain.head_index();
-        let mut pieces = Vec::new();
-        let mut bad = false;
-        for d in chain {
-            if !d.is_write_only() {
-                bad = true;
-                break;
-            }
-            room = room.saturating_add(d.len() as usize);
-            pieces.push((d.addr().0, d.len()));
-        }
-        if bad {
-            for (h, _) in &chains {
-                let _ = q.add_used(mem, *h, 0);
-            }
-            let _ = q.add_used(mem, head, 0);
-            return Some(Err(()));
-        }
-        chains.push((head, pieces));
-        if !mrg || chains.len() >= usize::from(q.size()) {
-            break;
-        }
-    }
-    if room < len {
-        for (head, _) in &chains {
-            let _ = q.add_used(mem, *head, 0);
-        }
-        return Some(Err(()));
-    }
-    Some(Ok(chains))
 }
 
 /// Out of room for the frame at hand: asks the guest to notify the device
@@ -350,7 +278,9 @@ pub fn wait_for_buffers(q: &mut Queue, mem: &Memory) -> bool {
 }
 
 impl Engine {
-    /// Moves frames from the tap into the guest until one side runs out.
+    /// Moves frames from the tap into the guest until one side runs out:
+    /// straight into the guest's buffers when those held can take any
+    /// frame, else through `rx_buf` (see [`rx`]).
     fn receive(&mut self) -> Rx {
         loop {
             let len = match self.rx_frame {
@@ -359,6 +289,13 @@ impl Engine {
                     let w = self.limiter.wait();
                     if !w.is_zero() {
                         return Rx::Throttled(w);
+                    }
+                    self.bufs.fill(&mut self.rx, &self.mem, MAX_FRAME);
+                    if let Some(r) = self.receive_direct() {
+                        match r {
+                            Ok(()) => continue,
+                            Err(r) => return r,
+                        }
                     }
                     match (&self.tap.file).read(&mut self.rx_buf) {
                         Ok(n) if n >= HDR_LEN => n,
@@ -369,35 +306,57 @@ impl Engine {
                 }
             };
             self.rx_frame = Some(len);
-            match take_rx_chains(&mut self.rx, &self.mem, len, self.mrg) {
-                None => return Rx::NoRoom,
-                Some(Err(())) => {
-                    add(&self.counters.rx_dropped, 1);
-                    self.rx_frame = None;
+            self.bufs.fill(&mut self.rx, &self.mem, len);
+            match self
+                .bufs
+                .scatter(&mut self.rx, &self.mem, &self.rx_buf[..len])
+            {
+                Scatter::Delivered(_) => self.received(len),
+                Scatter::NoRoom => return Rx::NoRoom,
+                Scatter::Dropped => add(&self.counters.rx_dropped, 1),
+            }
+            self.rx_frame = None;
+        }
+    }
+
+    /// Reads one frame from the tap straight into the held buffers, if
+    /// they could take the largest: None if they could not (read it into
+    /// `rx_buf` instead); Some(Err) when the tap has nothing more.
+    fn receive_direct(&mut self) -> Option<Result<(), Rx>> {
+        if self.bufs.room() < MAX_FRAME {
+            return None;
+        }
+        let iov = self.bufs.iovecs()?;
+        // SAFETY: each vector lies inside a guest RAM mapping (checked when
+        // its chain was taken, against `self.mem`, which this engine holds
+        // and so keeps mapped), in buffers the driver gave the device to
+        // write; readv writes only through them.
+        let n = unsafe { libc::readv(self.tap.file.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return Some(match e.kind() {
+                std::io::ErrorKind::Interrupted => Ok(()),
+                _ => Err(Rx::Drained),
+            });
+        }
+        let len = n as usize;
+        if len >= HDR_LEN {
+            match self.bufs.complete_read(&mut self.rx, &self.mem, len) {
+                Some(_) => {
+                    add(&self.counters.rx_direct, 1);
+                    self.received(len)
                 }
-                Some(Ok(chains)) => {
-                    let mem = self.mem.clone();
-                    let frame = &mut self.rx_buf[..len];
-                    match scatter_rx(&mem, frame, &chains) {
-                        Some(used) => {
-                            for (head, n) in used {
-                                let _ = self.rx.add_used(&*mem, head, n);
-                            }
-                            add(&self.counters.rx_packets, 1);
-                            add(&self.counters.rx_bytes, (len - HDR_LEN) as u64);
-                            self.limiter.charge((len - HDR_LEN) as u64);
-                        }
-                        None => {
-                            for (head, _) in chains {
-                                let _ = self.rx.add_used(&*mem, head, 0);
-                            }
-                            add(&self.counters.rx_dropped, 1);
-                        }
-                    }
-                    self.rx_frame = None;
-                }
+                None => add(&self.counters.rx_dropped, 1),
             }
         }
+        Some(Ok(()))
+    }
+
+    /// Counts a frame of `len` bytes (header included) delivered.
+    fn received(&mut self, len: usize) {
+        add(&self.counters.rx_packets, 1);
+        add(&self.counters.rx_bytes, (len - HDR_LEN) as u64);
+        self.limiter.charge((len - HDR_LEN) as u64);
     }
 
     /// Sends the guest's frames to the tap. Returns a wait if throttled.
@@ -604,7 +563,7 @@ impl VirtioDevice for Net {
             irq: a.interrupt,
             rx: rx.queue,
             tx: tx.queue,
-            mrg: a.features & F_MRG_RXBUF != 0,
+            bufs: RxBuffers::new(a.features & F_MRG_RXBUF != 0),
             counters: self.counters.clone(),
             limiter: self.limiter.clone(),
             rx_frame: None,
@@ -706,25 +665,5 @@ mod tests {
         assert!(!wait_for_buffers(&mut q, &m));
         let flags: u16 = m.read_obj(GuestAddress(0x30000)).unwrap();
         assert_eq!(flags, 0, "VRING_USED_F_NO_NOTIFY cleared");
-    }
-
-    #[test]
-    fn rx_frames_spread_over_chains_with_num_buffers() {
-        let m = mem();
-        let mut frame: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
-        let chains: RxChains = vec![
-            (3, vec![(0x1000, 1500)]),
-            (7, vec![(0x3000, 1000), (0x5000, 4096)]),
-        ];
-        let used = scatter_rx(&m, &mut frame, &chains).unwrap();
-        assert_eq!(used, vec![(3, 1500), (7, 1500)]);
-        let mut hdr = [0u8; 12];
-        m.read_slice(&mut hdr, GuestAddress(0x1000)).unwrap();
-        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 2);
-        let mut tail = [0u8; 500];
-        m.read_slice(&mut tail, GuestAddress(0x5000)).unwrap();
-        assert_eq!(&tail[..], &frame[2500..]);
-        let outside: RxChains = vec![(1, vec![((1 << 20) - 10, 3000)])];
-        assert!(scatter_rx(&m, &mut frame, &outside).is_none());
     }
 }
