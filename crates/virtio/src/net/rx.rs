@@ -260,11 +260,17 @@ impl RxBuffers {
         }
         let Some(n) = self.chains_for(frame.len()) else {
             // Without mergeable buffers the first chain is all a frame may
-            // have: one too small never will be larger.
-            return if self.mrg || self.held.is_empty() {
-                Scatter::NoRoom
+            // have: one too small never will be larger. With them, once the
+            // device holds the whole ring the driver can offer no more.
+            let stuck = if self.mrg {
+                self.held.len() >= usize::from(q.size())
             } else {
+                !self.held.is_empty()
+            };
+            return if stuck {
                 Scatter::Dropped
+            } else {
+                Scatter::NoRoom
             };
         };
         let mut done = 0usize;
@@ -433,6 +439,25 @@ mod tests {
         assert_eq!(u16::from_le_bytes([lo, hi]), 2);
         assert_eq!((b.held(), b.room()), (1, 100), "the last one still held");
         assert_eq!(b.complete(&mut q, &m, 101), None, "more than is held");
+    }
+
+    #[test]
+    fn a_frame_larger_than_the_whole_ring_is_dropped_not_waited_for() {
+        let m = mem();
+        let chains: Vec<[(u64, u32, u16); 1]> = (0..16)
+            .map(|i| [(0x1000 + 0x100 * i, 100, WRITE)])
+            .collect();
+        let refs: Vec<&[(u64, u32, u16)]> = chains.iter().map(|c| &c[..]).collect();
+        let mut q = queue(&m, &refs);
+        let mut b = RxBuffers::new(true);
+        b.fill(&mut q, &m, 1000);
+        assert_eq!(b.held(), 10, "taken until the frame fits");
+        assert_eq!(b.scatter(&mut q, &m, &[0; 2000]), Scatter::NoRoom);
+        b.fill(&mut q, &m, 2000);
+        assert_eq!((b.held(), b.room()), (16, 1600), "all the ring holds");
+        assert_eq!(b.scatter(&mut q, &m, &[0; 2000]), Scatter::Dropped);
+        assert_eq!(b.held(), 16, "kept for the frames that fit");
+        assert_eq!(b.scatter(&mut q, &m, &[0; 150]), Scatter::Delivered(2));
     }
 
     #[test]
