@@ -276,6 +276,13 @@ def tables(exp, rows, groups, envs_order, short):
     return out, lines
 
 
+def guest_and_host_tables(exp, rows, guest_columns, host_columns, envs_order, short):
+    """A diagnostic's two tables (see tables): the environment's own
+    counters, then the nested host's and KVM's."""
+    return tables(exp, rows, (("the environment", guest_columns), ("the nested host and KVM", host_columns)),
+                  envs_order, short)
+
+
 def trial_count(exp, envs_order):
     runs = exp["runs"]
     names = [e for e in envs_order if runs.get(e)]

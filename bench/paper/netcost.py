@@ -79,9 +79,8 @@ def table(exp, envs_order, short):
              "loopback, so none for native), the nested host's CPU time, the VMM process's own by "
              "thread, and KVM's counters for the guest's VM (bench/paper/netcost.py; RUNS.md reads "
              "it). Costs are per gigabit received by the far end.", ""]
-    rows, tbl = cost.tables(exp, workloads.NET_ROWS,
-                            (("the environment", GUEST_COLUMNS), ("the nested host and KVM", HOST_COLUMNS)),
-                            envs_order, short)
+    rows, tbl = cost.guest_and_host_tables(exp, workloads.NET_ROWS, GUEST_COLUMNS, HOST_COLUMNS,
+                                           envs_order, short)
     lines += tbl
     for key, (label, *_) in workloads.NET_ROWS.items():
         per_thread, ttbl = webcost.threads(exp, envs_order, short, key, "ms per Gbit", MS_PER_GBIT)

@@ -59,9 +59,8 @@ def table(exp, envs_order, short):
              "around each (its /proc), and the nested host's CPU time and KVM's counters for "
              "the guest's VM (bench/paper/pgcost.py; RUNS.md reads it). Rates are per second "
              "of the row.", ""]
-    rows, tbl = cost.tables(exp, workloads.PG_ROWS,
-                            (("the environment", GUEST_COLUMNS), ("the nested host and KVM", HOST_COLUMNS)),
-                            envs_order, short)
+    rows, tbl = cost.guest_and_host_tables(exp, workloads.PG_ROWS, GUEST_COLUMNS, HOST_COLUMNS,
+                                           envs_order, short)
     return rows, lines + tbl
 
 

@@ -204,9 +204,8 @@ def table(exp, envs_order, short, name="webcost"):
              "interfaces other than loopback, so none for native), the nested host's CPU time, "
              "the VMM process's own, wrk's, and KVM's counters for the guest's VM "
              "(bench/paper/webcost.py; RUNS.md reads it). Costs are per request served.", ""]
-    rows, tbl = cost.tables(exp, {ROW: workloads.WEB_ROWS[ROW]},
-                            (("the environment", GUEST_COLUMNS), ("the nested host and KVM", HOST_COLUMNS)),
-                            envs_order, short)
+    rows, tbl = cost.guest_and_host_tables(exp, {ROW: workloads.WEB_ROWS[ROW]}, GUEST_COLUMNS, HOST_COLUMNS,
+                                           envs_order, short)
     per_thread, ttbl = threads(exp, envs_order, short)
     rows.setdefault(ROW, {})["threads"] = per_thread
     return rows, lines + tbl + ttbl + switch_table(exp, envs_order, short, rows)
