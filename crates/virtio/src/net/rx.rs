@@ -147,18 +147,17 @@ impl RxBuffers {
     /// takes ([`MAX_IOVECS`]).
     pub fn iovecs(&self) -> Option<Vec<libc::iovec>> {
         let chains = if self.mrg { self.held.len() } else { 1 };
-        let held = || self.held.iter().take(chains).flat_map(|c| &c.pieces);
-        if held().count() > MAX_IOVECS {
-            return None;
-        }
-        Some(
-            held()
-                .map(|p| libc::iovec {
-                    iov_base: p.host as *mut libc::c_void,
-                    iov_len: p.len as usize,
-                })
-                .collect(),
-        )
+        let iov: Vec<libc::iovec> = self
+            .held
+            .iter()
+            .take(chains)
+            .flat_map(|c| &c.pieces)
+            .map(|p| libc::iovec {
+                iov_base: p.host as *mut libc::c_void,
+                iov_len: p.len as usize,
+            })
+            .collect();
+        (iov.len() <= MAX_IOVECS).then_some(iov)
     }
 
     /// The chains a frame of `len` bytes placed in order from the first
