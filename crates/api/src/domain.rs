@@ -66,6 +66,11 @@ pub struct Vif {
     /// the outside world are still reached).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub isolated: bool,
+    /// Whether the guest is offered mergeable receive buffers
+    /// (`mrg_rxbuf=0|1`; see [`crate::spec::NetSpec::mrg_rxbuf`]); left
+    /// out, the VMM's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mrg_rxbuf: Option<bool>,
 }
 
 impl Vif {

@@ -57,6 +57,16 @@ fn set_rate(r: &mut RateLimit, bytes: bool, p: &str, v: &str) -> Result<(), Stri
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
+/// An on/off setting as xl writes it and as a command line might: `1`,
+/// `yes`, `true`, `on` or `0`, `no`, `false`, `off`.
+pub fn parse_switch(s: &str) -> Option<bool> {
+    match s {
+        "1" | "yes" | "true" | "on" => Some(true),
+        "0" | "no" | "false" | "off" => Some(false),
+        _ => None,
+    }
+}
+
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let mut m = [0u8; 6];
     let mut parts = s.split(':');
@@ -198,6 +208,14 @@ pub struct NetSpec {
     /// user's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed: Option<u64>,
+    /// Whether the guest is offered mergeable receive buffers
+    /// (`VIRTIO_NET_F_MRG_RXBUF`); left out, they are. Without them Linux
+    /// posts each receive buffer as one large chain of pages (its "big
+    /// packets" mode: a Debian 12 guest's ring held 8.4 MiB more of its
+    /// memory, against 0.5 MiB with them) and takes a large frame in one
+    /// buffer instead of spreading it over several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mrg_rxbuf: Option<bool>,
 }
 
 impl Checked for NetSpec {
@@ -221,7 +239,7 @@ impl Checked for NetSpec {
 impl FromStr for NetSpec {
     type Err = String;
 
-    /// `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]`.
+    /// `tap=NAME[,mac=MAC][,bw=SIZE][,pps=N][,mrg_rxbuf=on|off]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut n = NetSpec::default();
         for p in s.split(',') {
@@ -230,9 +248,14 @@ impl FromStr for NetSpec {
                 ("tap", v) if !v.is_empty() => n.tap = v.to_string(),
                 ("mac", v) => n.mac = Some(v.to_lowercase()),
                 ("bw" | "pps", v) => set_rate(&mut n.rate_limit, k == "bw", p, v)?,
+                ("mrg_rxbuf", v) => {
+                    n.mrg_rxbuf = Some(parse_switch(v).ok_or_else(|| {
+                        format!("'{p}': mrg_rxbuf is on or off (1 or 0)")
+                    })?)
+                }
                 _ => {
                     return Err(format!(
-                        "'{p}': unknown network option (known: tap=NAME, mac=MAC, bw=SIZE, pps=N)"
+                        "'{p}': unknown network option (known: tap=NAME, mac=MAC, bw=SIZE, pps=N, mrg_rxbuf=on|off)"
                     ))
                 }
             }
@@ -564,8 +587,13 @@ mod tests {
         assert_eq!(n.mac.as_deref(), Some("52:54:00:00:00:0a"));
         assert_eq!(n.rate_limit.bandwidth, Some(10 << 20));
         assert_eq!(n.rate_limit.iops, Some(1000));
+        assert_eq!(n.mrg_rxbuf, None, "the VMM's default unless asked");
+        let n: NetSpec = "tap=t,mrg_rxbuf=off".parse().unwrap();
+        assert_eq!(n.mrg_rxbuf, Some(false));
+        assert_eq!(serde_json::to_value(&n).unwrap()["mrg_rxbuf"], false);
         for bad in [
             "",
+            "tap=t,mrg_rxbuf=maybe",
             "mac=52:54:00:00:00:01",
             "tap=",
             "tap=t,mac=01:00:00:00:00:00",

@@ -199,8 +199,13 @@ struct RunArgs {
     /// eth0, eth1, ... in order). The tap is opened if it exists (put it on
     /// a bridge first) and created otherwise. Options: mac=MAC (default
     /// 52:54:00 and a hash of the tap name), bw=SIZE (bytes per second),
-    /// pps=N (packets per second), both directions together.
-    #[arg(long, value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N]")]
+    /// pps=N (packets per second), both directions together;
+    /// mrg_rxbuf=off (no mergeable receive buffers: the guest posts one
+    /// large buffer per frame; more guest memory, less work per frame).
+    #[arg(
+        long,
+        value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N][,mrg_rxbuf=on|off]"
+    )]
     net: Vec<NetSpec>,
     /// A virtio-vsock device with this context id, on the host's
     /// vhost-vsock: host programs connect to (CID, port) with AF_VSOCK

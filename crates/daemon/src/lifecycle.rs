@@ -655,6 +655,7 @@ pub(crate) fn net_spec(tap: String, v: &domus_xlcfg::Vif, mac: Option<String>) -
             iops: None,
         },
         passed: None,
+        mrg_rxbuf: v.mrg_rxbuf,
     }
 }
 

@@ -118,6 +118,7 @@ pub fn net_config(n: &NetSpec) -> NetConfig {
         mac: n.mac.as_deref().and_then(domus_api::spec::parse_mac),
         limits: limits(&n.rate_limit),
         passed: n.passed,
+        mrg_rxbuf: n.mrg_rxbuf.unwrap_or(true),
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::{Disk, Vif};
 use domus_api::domain::PortRange;
+use domus_api::spec::parse_switch;
 
 /// A host CPU list: "3", "0-3", "0-3,6,^2" is not supported; "all".
 pub fn parse_cpulist(s: &str) -> Result<Vec<u32>, String> {
@@ -130,7 +131,8 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 /// xl's vif spec: `key=value` pairs (mac, bridge, ip, rate; others are
 /// ignored with a warning), and the virtual firewall-router's own: `tcp=`
 /// and `udp=` (the inbound ports allowed, separated by spaces, ranges as
-/// `8000-8080`; an empty list allows none) and `isolated=1`.
+/// `8000-8080`; an empty list allows none) and `isolated=1`; and the
+/// device's `mrg_rxbuf=0` (no mergeable receive buffers).
 pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> {
     let mut v = Vif::default();
     for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -176,11 +178,13 @@ pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> 
                 }
             }
             "isolated" => {
-                v.isolated = match val {
-                    "1" | "yes" | "true" => true,
-                    "0" | "no" | "false" => false,
-                    _ => return Err(format!("isolated '{val}' is not 0 or 1")),
-                }
+                v.isolated =
+                    parse_switch(val).ok_or_else(|| format!("isolated '{val}' is not 0 or 1"))?
+            }
+            "mrg_rxbuf" => {
+                v.mrg_rxbuf = Some(
+                    parse_switch(val).ok_or_else(|| format!("mrg_rxbuf '{val}' is not 0 or 1"))?,
+                )
             }
             k => warnings.push(format!("vif key '{k}' is ignored")),
         }
@@ -266,6 +270,9 @@ mod tests {
         );
         assert_eq!(v.udp, Some(vec![]));
         assert!(v.isolated && v.filters_ports());
+        assert_eq!(v.mrg_rxbuf, None, "the VMM's default unless asked");
+        let v = parse_vif("mrg_rxbuf=0", &mut w).unwrap();
+        assert_eq!(v.mrg_rxbuf, Some(false));
         for bad in [
             "ip=10.0.0.300",
             "ip=",
@@ -274,6 +281,7 @@ mod tests {
             "udp=65536",
             "tcp=ssh",
             "isolated=maybe",
+            "mrg_rxbuf=big",
         ] {
             assert!(parse_vif(bad, &mut w).is_err(), "{bad}");
         }

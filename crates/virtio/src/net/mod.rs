@@ -6,8 +6,9 @@
 //! the guest may send unchecksummed and TSO frames (`HOST_*` features
 //! need nothing from us), and `TUNSETOFFLOAD` tells the tap which of those
 //! the guest accepts (`GUEST_*`). Receive buffers are mergeable
-//! (`MRG_RXBUF`): a large frame spreads over several chains and the header
-//! says how many. Frames from the tap are read straight into the guest's
+//! (`MRG_RXBUF`) unless the interface says not (`mrg_rxbuf`): a large
+//! frame spreads over several chains and the header says how many;
+//! without, each chain takes a whole frame. Frames from the tap are read straight into the guest's
 //! buffers when those the device holds could take the largest (`rx`).
 //!
 //! One thread per interface serves both queues and the tap. A token-bucket
@@ -68,6 +69,8 @@ pub struct NetConfig {
     /// The tag of a /dev/net/tun descriptor the supervisor passed (a
     /// jailed VMM cannot open it): see [`Net::with_tun`].
     pub passed: Option<u64>,
+    /// Offer mergeable receive buffers (`VIRTIO_NET_F_MRG_RXBUF`).
+    pub mrg_rxbuf: bool,
 }
 
 /// Per-interface counters.
@@ -124,6 +127,7 @@ pub struct Net {
     mac: [u8; 6],
     counters: Arc<Counters>,
     limiter: Arc<Shared>,
+    mrg_rxbuf: bool,
     running: Option<DeviceThread>,
 }
 
@@ -148,6 +152,7 @@ impl Net {
             mac: cfg.mac.unwrap_or_else(|| default_mac(&cfg.tap)),
             counters: Arc::default(),
             limiter: Arc::new(limiter),
+            mrg_rxbuf: cfg.mrg_rxbuf,
             running: None,
         })
     }
@@ -532,7 +537,7 @@ impl VirtioDevice for Net {
             | F_HOST_TSO4
             | F_HOST_TSO6
             | F_HOST_ECN
-            | F_MRG_RXBUF
+            | if self.mrg_rxbuf { F_MRG_RXBUF } else { 0 }
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
