@@ -282,17 +282,18 @@ class Domus(Guest):
         self.daemon = benchlib.start_daemon(self.state, images, BRIDGE, GATEWAY, self.log,
                                             [self.snaps])
 
-    def config(self, name, memory_mib, vcpus, extra=""):
+    def config(self, name, memory_mib, vcpus, extra="", vif=""):
         """Writes the configuration of a domain `name` of the image (maxmem
         = memory: admission counts maxmem; a crashed domain is kept, with
-        its console, for the evidence), with the xl.cfg lines `extra`, and
-        returns its path."""
+        its console, for the evidence), with the xl.cfg lines `extra` and
+        an interface of spec `vif` on the daemon's network, and returns its
+        path."""
         with open(self.key + ".pub") as f:
             public = f.read().strip()
         cfg = os.path.join(self.work, f"{name}.cfg")
         with open(cfg, "w") as f:
             f.write(f"name = '{name}'\nimage = '{self.image}'\nmemory = {memory_mib}\n"
-                    f"maxmem = {memory_mib}\nvcpus = {vcpus}\nvif = ['']\nssh_keys = ['{public}']\n"
+                    f"maxmem = {memory_mib}\nvcpus = {vcpus}\nvif = ['{vif}']\nssh_keys = ['{public}']\n"
                     "on_crash = 'preserve'\n" + extra)
         return cfg
 
@@ -390,16 +391,17 @@ class Domus(Guest):
 
 class DomusVariant(Domus):
     """A second domain of `dom`'s daemon, `domain`, made as `dom`'s with
-    the xl.cfg lines `extra` added, measured as environment `name`: one
-    setting's effect, in the same nested host (webcost's `webllc`)."""
+    the xl.cfg lines `extra` added and its interface's spec `vif`,
+    measured as environment `name`: one setting's effect, in the same
+    nested host (webcost's `webllc`, netcost's `netmrg`)."""
 
-    def __init__(self, dom, name, domain, extra):
+    def __init__(self, dom, name, domain, extra, vif=""):
         self.name, self.domain = name, domain
         Guest.__init__(self, dom.work, dom.key)
         self.state, self.image, self.images = dom.state, dom.image, dom.images
         self.vcpus, self.memory_mib = dom.vcpus, dom.memory_mib
         self.log, self.snaps = dom.log, dom.snaps
-        self.cfg = self.config(domain, dom.memory_mib, dom.vcpus, extra)
+        self.cfg = self.config(domain, dom.memory_mib, dom.vcpus, extra, vif)
 
     def close(self):
         """Destroys the domain; the daemon is `dom`'s."""

@@ -18,8 +18,22 @@ import subprocess
 import time
 
 import cost
+import envs
 import webcost
 import workloads
+from report import median
+
+# `netmrg`'s second Domus domain: its interface offers the guest no
+# mergeable receive buffers (`mrg_rxbuf=0`), so Linux posts each receive
+# buffer as one chain of pages large enough for a whole frame.
+VARIANT = "domus-nomrg"
+VARIANT_LABEL = "Domus, mrg_rxbuf=0"
+# The guest's memory in use after the rows (MemTotal less MemFree,
+# Buffers, Cached and SReclaimable, MiB): what
+# its receive buffers hold shows as the difference between the domains.
+USED_MEM = ("awk '/^(MemTotal|MemFree|Buffers|Cached|SReclaimable):/ {v[$1]=$2} END "
+            "{printf \"guest_used_mib=%.1f\\n\", (v[\"MemTotal:\"]-v[\"MemFree:\"]-v[\"Buffers:\"]"
+            "-v[\"Cached:\"]-v[\"SReclaimable:\"])/1024}' /proc/meminfo")
 
 # Per gigabit: a row's score is Mbit/s, so seconds (or counts) per Mbit
 # times 1000 (ms) and 1000 (Mbit per Gbit).
@@ -45,10 +59,20 @@ HOST_COLUMNS = [("host.guest", "guest mode (ms/Gbit)", cost.PER_OP, 1, MS_PER_GB
                 ("kvm.io_exits+kvm.mmio_exits", "I/O+MMIO exits/Gbit", cost.PER_OP, 0, PER_GBIT)]
 
 
-def experiment(environments, run, running, server_ip):
+def experiment(environments, run, running, server_ip, name="netcost", dom=None):
     """Trials in each environment (cost.experiment); each trial runs the
     four iperf3 rows against a server this starts in the nested host
-    (`server_ip(e)`: where environment e reaches it)."""
+    (`server_ip(e)`: where environment e reaches it). `netmrg` adds a
+    second domain of Domus's daemon (`dom`), `domus-nomrg`, whose interface
+    offers no mergeable receive buffers, and reads each guest's memory in
+    use after the rows."""
+    variant = None
+    if name == "netmrg":
+        variant = envs.DomusVariant(dom, VARIANT, "papernomrg", "", vif="mrg_rxbuf=0")
+        if run.lacking(name, [variant]):
+            envs.boot(variant, run.done)
+            variant.pause()
+            environments = list(environments) + [variant]
     server = subprocess.Popen(["iperf3", "-s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1)
 
@@ -60,25 +84,40 @@ def experiment(environments, run, running, server_ip):
             raise RuntimeError(f"{e.name}: iperf3 ({key}) printed no value")
         return v
 
+    def used(e):
+        return workloads.parse(e.sh(USED_MEM, 60))
+
     try:
-        return cost.experiment("netcost", environments, run, running, workloads.NET_ROWS,
-                               lambda e: None, command)
+        return cost.experiment(name, environments, run, running, workloads.NET_ROWS,
+                               lambda e: None, command, also=used if variant else None)
     finally:
         server.kill()
         server.wait()
+        if variant:
+            variant.close()
 
 
-def table(exp, envs_order, short):
-    """results.md's lines for a netcost record: the environment's and the
-    nested host's tables for the four rows, then the VMM's threads per row."""
+def table(exp, envs_order, short, name="netcost"):
+    """results.md's lines for a netcost or netmrg record: the environment's
+    and the nested host's tables for the four rows, then the VMM's threads
+    per row (and netmrg's guest memory in use)."""
     n = cost.trial_count(exp, envs_order)
-    lines = ["## Diagnostic: what Table 6's TCP streams cost (`netcost`)", "",
-             f"Why Table 6's rows differ between the VMMs ({n} trial(s) each, taken in turn in each "
-             "nested host; medians). Table 6's iperf3 commands, with the environment's CPU time, "
-             "network interrupts and packets counted around each (its /proc; interfaces other than "
-             "loopback, so none for native), the nested host's CPU time, the VMM process's own by "
-             "thread, and KVM's counters for the guest's VM (bench/paper/netcost.py; RUNS.md reads "
-             "it). Costs are per gigabit received by the far end.", ""]
+    if name == "netmrg":
+        lines = ["## Diagnostic: Table 6's TCP streams without mergeable receive buffers (`netmrg`)", "",
+                 f"netcost with a second Domus domain, {short[VARIANT]}, in the same nested hosts "
+                 f"({n} trial(s) each, taken in turn in each nested host; medians): its interface "
+                 "offers the guest no mergeable receive buffers, so Linux posts each receive buffer "
+                 "as one chain of pages that takes a whole frame (bench/paper/netcost.py; RUNS.md "
+                 "reads it). Costs are per gigabit received by the far end.", ""]
+    else:
+        lines = ["## Diagnostic: what Table 6's TCP streams cost (`netcost`)", "",
+                 f"Why Table 6's rows differ between the VMMs ({n} trial(s) each, taken in turn in "
+                 "each nested host; medians). Table 6's iperf3 commands, with the environment's CPU "
+                 "time, network interrupts and packets counted around each (its /proc; interfaces "
+                 "other than loopback, so none for native), the nested host's CPU time, the VMM "
+                 "process's own by thread, and KVM's counters for the guest's VM "
+                 "(bench/paper/netcost.py; RUNS.md reads it). Costs are per gigabit received by the "
+                 "far end.", ""]
     rows, tbl = cost.guest_and_host_tables(exp, workloads.NET_ROWS, GUEST_COLUMNS, HOST_COLUMNS,
                                            envs_order, short)
     lines += tbl
@@ -87,6 +126,13 @@ def table(exp, envs_order, short):
         if per_thread:
             rows.setdefault(key, {})["threads"] = per_thread
             lines += [f"{label}: " + ttbl[0][0].lower() + ttbl[0][1:]] + ttbl[1:]
+    used = {e: median(exp["runs"].get(e) or [], "guest_used_mib") for e in envs_order}
+    used = {e: v for e, v in used.items() if v is not None}
+    if used:
+        rows["guest_used_mib"] = used
+        lines += ["The guest's memory in use after the four rows (MemTotal less MemFree, Buffers, "
+                  "Cached and SReclaimable, MiB; medians): "
+                  + ", ".join(f"{short.get(e, e)} {v:.1f}" for e, v in used.items()) + ".", ""]
     return rows, lines
 
 
@@ -109,6 +155,13 @@ def _test():
                for line in lines), lines
     assert "rx_500" not in rows or "threads" not in rows["rx_500"], rows
     assert rows["tx_1500"]["native"]["kvm.exits"] is None
+    assert "guest_used_mib" not in rows, rows
+    rows, lines = table({"runs": {"domus": [dict(t, guest_used_mib=100.0)],
+                                  VARIANT: [dict(t, guest_used_mib=117.0), dict(t, guest_used_mib=119.0)]}},
+                        ["domus", VARIANT], {"domus": "Domus", VARIANT: VARIANT_LABEL}, "netmrg")
+    assert lines[0].endswith("(`netmrg`)") and VARIANT in rows["tx_1500"], lines
+    assert rows["guest_used_mib"] == {"domus": 100.0, VARIANT: 118.0}, rows
+    assert "Domus 100.0, Domus, mrg_rxbuf=0 118.0." in lines[-2], lines
 
 
 if __name__ == "__main__":

@@ -70,6 +70,10 @@ Experiments (names for --only):
            environment: its commands with the same counters per Gbit, the
            VMM process's own CPU time by thread (netcost.py; run only when
            --only names it).
+  netmrg   netcost with a second Domus domain, domus-nomrg, whose
+           interface offers no mergeable receive buffers (mrg_rxbuf=0),
+           and each guest's memory in use (netcost.py; run only when
+           --only names it).
 fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
@@ -100,10 +104,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost"]
+               "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -563,7 +567,9 @@ def measure(out, only, quick):
                                                                      "webgroup"),
                    "webllc": lambda these, run: webcost.experiment(these, run, running, VCPUS,
                                                                    "webllc", dom),
-                   "netcost": lambda these, run: netcost.experiment(these, run, running, net_server)}[name](
+                   "netcost": lambda these, run: netcost.experiment(these, run, running, net_server),
+                   "netmrg": lambda these, run: netcost.experiment(these, run, running, net_server,
+                                                                   "netmrg", dom)}[name](
                        these, run)
             run.finish(name, res)
     finally:
