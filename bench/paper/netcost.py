@@ -126,7 +126,8 @@ def table(exp, envs_order, short, name="netcost"):
         if per_thread:
             rows.setdefault(key, {})["threads"] = per_thread
             lines += [f"{label}: " + ttbl[0][0].lower() + ttbl[0][1:]] + ttbl[1:]
-    used = {e: median(exp["runs"].get(e) or [], "guest_used_mib") for e in envs_order}
+    # Native's would be the nested host's own, not a guest's.
+    used = {e: median(exp["runs"].get(e) or [], "guest_used_mib") for e in envs_order if e != "native"}
     used = {e: v for e, v in used.items() if v is not None}
     if used:
         rows["guest_used_mib"] = used
