@@ -56,7 +56,6 @@ fn set_rate(r: &mut RateLimit, bytes: bool, p: &str, v: &str) -> Result<(), Stri
     Ok(())
 }
 
-/// Parses `aa:bb:cc:dd:ee:ff`.
 /// An on/off setting as xl writes it and as a command line might: `1`,
 /// `yes`, `true`, `on` or `0`, `no`, `false`, `off`.
 pub fn parse_switch(s: &str) -> Option<bool> {
@@ -67,6 +66,7 @@ pub fn parse_switch(s: &str) -> Option<bool> {
     }
 }
 
+/// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let mut m = [0u8; 6];
     let mut parts = s.split(':');

@@ -8,8 +8,9 @@
 //! the guest accepts (`GUEST_*`). Receive buffers are mergeable
 //! (`MRG_RXBUF`) unless the interface says not (`mrg_rxbuf`): a large
 //! frame spreads over several chains and the header says how many;
-//! without, each chain takes a whole frame. Frames from the tap are read straight into the guest's
-//! buffers when those the device holds could take the largest (`rx`).
+//! without, each chain takes a whole frame. Frames from the tap are read
+//! straight into the guest's buffers when those the device holds could
+//! take the largest (`rx`).
 //!
 //! One thread per interface serves both queues and the tap. A token-bucket
 //! limiter (bytes and packets per second) covers both directions together;
