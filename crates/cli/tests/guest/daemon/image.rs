@@ -152,7 +152,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
     ping(&ip);
     // SSH with the injected key (sshd comes up after the lease).
     let known = dir.join("known_hosts");
-    ssh_up(&key, &known, &ip, "web", started);
+    ssh_up(&key, &known, &ip, "web", started, &state);
     let ssh_s = started.elapsed().as_secs_f64();
     // systemd reached multi-user with no failed unit.
     // (Asked again while sshd is not answering: cloud-init may restart it
@@ -232,7 +232,7 @@ fn debian_imported_cloud_image_boots_with_its_root_on_partition_1() {
     let ip = lease(&state, "cloud", 1, cloud_started);
     assert!(ip.starts_with("10.202.0."), "{ip}");
     let known = dir.join("known_hosts_cloud");
-    ssh_up(&key, &known, &ip, "cloud", cloud_started);
+    ssh_up(&key, &known, &ip, "cloud", cloud_started, &state);
     let (ok, out, err) = ssh(&key, &known, &ip, "findmnt -no SOURCE /");
     assert!(
         ok && out.trim() == "/dev/vda1",
@@ -296,13 +296,17 @@ fn ping(ip: &str) {
 }
 
 /// Waits (to 420 s after `started`) for an SSH login with `key` to `ip`,
-/// whose hostname cloud-init must have set to `hostname`.
+/// whose hostname cloud-init must have set to `hostname`: domain
+/// `hostname` of the daemon at `state`, whose VMM is captured as lease's
+/// is when the login never comes (CI once saw a guest's second vCPU stop
+/// answering, its console full of RCU stalls, after the lease).
 fn ssh_up(
     key: &std::path::Path,
     known: &std::path::Path,
     ip: &str,
     hostname: &str,
     started: Instant,
+    state: &std::path::Path,
 ) {
     let mut last = String::new();
     while started.elapsed() < Duration::from_secs(420) {
@@ -314,5 +318,11 @@ fn ssh_up(
         last = err;
         std::thread::sleep(Duration::from_secs(2));
     }
-    panic!("no SSH login to {hostname} within 420 s: {last}");
+    let console = find(state, hostname)
+        .and_then(|d| {
+            std::fs::read_to_string(state.join(format!("domains/{}/console.log", d.id))).ok()
+        })
+        .unwrap_or_default();
+    let report = stall_capture(state, hostname, &console);
+    panic!("no SSH login to {hostname} within 420 s: {last}\n{report}");
 }
