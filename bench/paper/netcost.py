@@ -29,8 +29,10 @@ from report import median
 VARIANT = "domus-nomrg"
 VARIANT_LABEL = "Domus, mrg_rxbuf=0"
 # The guest's memory in use after the rows (MemTotal less MemFree,
-# Buffers, Cached and SReclaimable, MiB): what
-# its receive buffers hold shows as the difference between the domains.
+# Buffers, Cached and SReclaimable, MiB). Too noisy to show the receive
+# ring's 8 MiB between the domains (RUNS.md, 2026-11-29 evening, which
+# measured it around bringing the interface up instead); kept as a check
+# that nothing larger grows.
 USED_MEM = ("awk '/^(MemTotal|MemFree|Buffers|Cached|SReclaimable):/ {v[$1]=$2} END "
             "{printf \"guest_used_mib=%.1f\\n\", (v[\"MemTotal:\"]-v[\"MemFree:\"]-v[\"Buffers:\"]"
             "-v[\"Cached:\"]-v[\"SReclaimable:\"])/1024}' /proc/meminfo")
