@@ -134,7 +134,7 @@ fn daemon_mem_set_shrinks_the_guest_and_the_vmm() {
     assert!(ok, "{out}{err}");
     let d = find(&state, "m").expect("m is listed");
     let (id, pid) = (d.id, d.pid.expect("m runs") as u64);
-    let console = state.join(format!("domains/{id}/console.log"));
+    let console = console_path(&state, id);
     expect_console(&state, "m", "memtotal=", 1, 180);
     let memtotal = || -> u64 {
         std::fs::read_to_string(&console)

@@ -270,8 +270,7 @@ fn lease(state: &std::path::Path, name: &str, id: u32, started: Instant) -> Stri
             return ip;
         }
         if started.elapsed() > Duration::from_secs(300) {
-            let console = std::fs::read_to_string(state.join(format!("domains/{id}/console.log")))
-                .unwrap_or_default();
+            let console = std::fs::read_to_string(console_path(state, id)).unwrap_or_default();
             // A guest that stopped on the way (CI once saw its console end
             // mid-line 5 s into the kernel's boot) is captured as
             // expect_console's are, so that tools/test can tell the nested
@@ -319,9 +318,7 @@ fn ssh_up(
         std::thread::sleep(Duration::from_secs(2));
     }
     let console = find(state, hostname)
-        .and_then(|d| {
-            std::fs::read_to_string(state.join(format!("domains/{}/console.log", d.id))).ok()
-        })
+        .and_then(|d| std::fs::read_to_string(console_path(state, d.id)).ok())
         .unwrap_or_default();
     let report = stall_capture(state, hostname, &console);
     panic!("no SSH login to {hostname} within 420 s: {last}\n{report}");

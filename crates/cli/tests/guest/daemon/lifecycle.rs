@@ -260,7 +260,7 @@ fn daemon_mem_max_device_lists_and_reboot_w_in_a_fresh_vmm() {
     let dir = scratch("reboot");
     let state = dir.join("state");
     let mut daemon = start_daemon(&state);
-    let console_of = |id: i64| state.join(format!("domains/{id}/console.log"));
+    let console_of = |id: i64| console_path(&state, id);
     let describe = |dom: &str| find(&state, dom);
     let long = "echo guest-up; sleep 600";
 

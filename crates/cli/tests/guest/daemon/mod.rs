@@ -294,6 +294,11 @@ fn spin_config(dir: &std::path::Path, name: &str, extra_settings: &str, cmd: &st
     domain_config(dir, name, 128, &format!("-- {cmd}"), extra_settings)
 }
 
+/// Where the daemon at `state` keeps domain `id`'s console.
+fn console_path(state: &std::path::Path, id: impl std::fmt::Display) -> std::path::PathBuf {
+    state.join(format!("domains/{id}/console.log"))
+}
+
 /// Waits until `path` contains `needle` `times` times; false after `secs`.
 fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) -> bool {
     let end = Instant::now() + Duration::from_secs(secs);
@@ -316,7 +321,7 @@ fn wait_for_text(path: &std::path::Path, needle: &str, times: usize, secs: u64) 
 #[track_caller]
 fn expect_console(state: &std::path::Path, dom: &str, needle: &str, times: usize, secs: u64) {
     let d = find(state, dom).unwrap_or_else(|| panic!("domain {dom} is not listed"));
-    let console = state.join(format!("domains/{}/console.log", d.id));
+    let console = console_path(state, d.id);
     if wait_for_text(&console, needle, times, secs) {
         return;
     }
