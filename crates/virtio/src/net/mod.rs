@@ -369,8 +369,6 @@ impl Engine {
     fn transmit(&mut self) -> Option<Duration> {
         let mem = self.mem.clone();
         let mut throttled = None;
-        // Frames used and not yet signalled.
-        let mut used = 0u32;
         'outer: loop {
             if self.tx.disable_notification(&*mem).is_err() {
                 break;
@@ -383,17 +381,12 @@ impl Engine {
                 let Some((iov, len)) = tx_iovecs(&mem, &descs) else {
                     add(&self.counters.tx_dropped, 1);
                     let _ = self.tx.add_used(&*mem, head, 0);
-                    used += 1;
                     continue;
                 };
                 let bytes = (len - HDR_LEN) as u64;
                 if let Err(w) = self.limiter.consume(bytes) {
                     self.tx.go_to_previous_position();
                     throttled = Some(w);
-                    // What was sent before the limit.
-                    if used > 0 {
-                        self.signal_tx(&mem);
-                    }
                     break 'outer;
                 }
                 // SAFETY: each vector lies inside a guest RAM mapping
@@ -409,34 +402,24 @@ impl Engine {
                     add(&self.counters.tx_dropped, 1);
                 }
                 let _ = self.tx.add_used(&*mem, head, 0);
-                used += 1;
-            }
-            // One interrupt for the frames used since the last, once the
-            // queue is empty, while notifications are still off: the guest
-            // frees them and sends more, which land in the queue we look
-            // at again below, with no doorbell. Asked for after each frame
-            // instead, one came whenever the guest's poll had caught up
-            // (27% more network interrupts per gigabit sent than Cloud
-            // Hypervisor's once a batch: bench/paper's netcost).
-            if used > 0 {
-                self.signal_tx(&mem);
-                used = 0;
+                // Tell the guest now, while notifications are still off: the
+                // frames it sends in reply land in a queue we are draining,
+                // with no doorbell.
+                if self.tx.needs_notification(&*mem).unwrap_or(true) {
+                    add(&self.counters.interrupts, 1);
+                    self.irq.queue(TXQ);
+                }
             }
             match self.tx.enable_notification(&*mem) {
                 Ok(true) if !crate::ring_corrupt(&self.tx, &mem) => continue,
                 _ => break,
             }
         }
-        throttled
-    }
-
-    /// Interrupts the guest for the transmit queue's used frames, if its
-    /// event index asks for one.
-    fn signal_tx(&mut self, mem: &Memory) {
-        if self.tx.needs_notification(mem).unwrap_or(true) {
+        if self.tx.needs_notification(&*mem).unwrap_or(true) {
             add(&self.counters.interrupts, 1);
             self.irq.queue(TXQ);
         }
+        throttled
     }
 
     fn notify_rx(&mut self) {
@@ -668,66 +651,6 @@ mod tests {
         assert!(q.is_valid(m));
         m.write_obj(offered.to_le(), GuestAddress(0x20002)).unwrap();
         q
-    }
-
-    /// An engine on `m` whose transmit queue (256 at 0x10000, 0x20000,
-    /// 0x30000, no event index) offers `frames` frames of 12 + 50 bytes,
-    /// and whose tap is /dev/null.
-    fn tx_engine(m: Memory, frames: u16) -> Engine {
-        let mut tx = Queue::new(256).unwrap();
-        tx.set_size(256);
-        tx.set_desc_table_address(Some(0x10000), Some(0));
-        tx.set_avail_ring_address(Some(0x20000), Some(0));
-        tx.set_used_ring_address(Some(0x30000), Some(0));
-        tx.set_ready(true);
-        for i in 0..frames {
-            let desc = GuestAddress(0x10000 + 16 * u64::from(i));
-            m.write_obj((0x40000u64 + 0x100 * u64::from(i)).to_le(), desc)
-                .unwrap();
-            m.write_obj(62u32.to_le(), GuestAddress(desc.0 + 8)).unwrap();
-            m.write_obj(i.to_le(), GuestAddress(0x20004 + 2 * u64::from(i)))
-                .unwrap();
-        }
-        m.write_obj(frames.to_le(), GuestAddress(0x20002)).unwrap();
-        let hv = Arc::new(crate::msix::tests::FakeHv::default());
-        let msix =
-            std::sync::Mutex::new(crate::msix::Msix::new(crate::msix::tests::vectors(2), hv));
-        let irq = Interrupt::new(Arc::new(msix), vec![0, 1], 0, Default::default());
-        let null = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .unwrap();
-        Engine {
-            mem: Arc::new(m),
-            tap: Arc::new(Tap {
-                file: null,
-                name: "null".into(),
-            }),
-            irq,
-            rx: Queue::new(256).unwrap(),
-            tx,
-            bufs: RxBuffers::new(true),
-            counters: Arc::default(),
-            limiter: Arc::new(Shared::new(Limits::default()).unwrap()),
-            rx_frame: None,
-            rx_buf: Vec::new(),
-            tap_watched: false,
-            timer_armed: false,
-        }
-    }
-
-    #[test]
-    fn a_batch_of_sent_frames_takes_one_interrupt() {
-        let mut e = tx_engine(mem(), 8);
-        assert_eq!(e.transmit(), None, "not throttled");
-        let c = &e.counters;
-        assert_eq!(c.tx_packets.load(Ordering::Relaxed), 8);
-        assert_eq!(c.tx_bytes.load(Ordering::Relaxed), 8 * 50);
-        // Without an event index the driver takes every interrupt it is
-        // sent: one for the batch, not one a frame.
-        assert_eq!(c.interrupts.load(Ordering::Relaxed), 1);
-        let used: u16 = e.mem.read_obj(GuestAddress(0x30002)).unwrap();
-        assert_eq!(used, 8, "every frame used");
     }
 
     #[test]
