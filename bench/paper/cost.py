@@ -37,7 +37,8 @@ from xzmem import host_cpu
 
 # The environment's counters, one `name=value` per line, which
 # workloads.parse reads (USER_HZ ticks for CPU times; sums over CPUs for
-# interrupts; whole disks only; interfaces other than loopback).
+# interrupts, virtio-net's also by queue: input for receive, output for
+# transmit; whole disks only; interfaces other than loopback).
 AWK = [
     ("/proc/stat", r"""/^cpu / {print "user=" $2 + $3; print "sys=" $4; print "irq=" $7 + $8;
               print "idle=" $5; print "iowait=" $6; print "steal=" $9}
@@ -45,8 +46,8 @@ AWK = [
     ("/proc/interrupts", r"""function sum(  s, i) { s = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) s += $i; return s }
      $1 == "RES:" {print "res=" sum()} $1 == "CAL:" {print "cal=" sum()}
      $1 == "TLB:" {print "tlb=" sum()} $1 == "LOC:" {print "loc=" sum()}
-     $NF ~ /^virtio[0-9]+-(input|output)/ {n += sum()}
-     END {print "netirq=" n + 0}"""),
+     $NF ~ /^virtio[0-9]+-input/ {rx += sum()} $NF ~ /^virtio[0-9]+-output/ {tx += sum()}
+     END {print "netirq=" rx + tx; print "netirq_rx=" rx + 0; print "netirq_tx=" tx + 0}"""),
     ("/proc/diskstats", r"""$3 ~ /^(vd[a-z]+|sd[a-z]+|nvme[0-9]+n[0-9]+)$/ {w += $8; wms += $11; f += $19; fms += $20}
      END {print "writes=" w + 0; print "write_ms=" wms + 0; print "flushes=" f + 0; print "flush_ms=" fms + 0}"""),
     ("/proc/net/dev", r"""NR > 2 {sub(":", " "); if ($1 != "lo") {rb += $2; rp += $3; tb += $10; tp += $11}}
@@ -333,6 +334,7 @@ def _test():
         got.update(workloads.parse(r.stdout))
     assert got["rx_bytes"] == 100 and got["rx_packets"] == 2 and got["tx_bytes"] == 300, got
     assert got["tx_packets"] == 4 and got["netirq"] == 9 and got["res"] == 11, got
+    assert got["netirq_rx"] == 7 and got["netirq_tx"] == 2, got
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ GUEST_COLUMNS = [("tps", "Mbit/s", cost.AS_IS, 0), ("busy", "busy (CPU s/s)", co
                  ("sys_share", "of it system+irq", cost.AS_IS, 2),
                  ("user+sys+irq", "CPU ms/Gbit", cost.PER_OP, 1, MS_PER_GBIT),
                  ("netirq", "net IRQs/Gbit", cost.PER_OP, 0, PER_GBIT),
+                 ("netirq_rx", "of them receive queue", cost.PER_OP, 0, PER_GBIT),
+                 ("netirq_tx", "transmit queue", cost.PER_OP, 0, PER_GBIT),
                  ("rx_packets+tx_packets", "packets/Gbit", cost.PER_OP, 0, PER_GBIT),
                  ("tx_bytes_each", "bytes/TX packet", cost.AS_IS, 0),
                  ("rx_bytes_each", "bytes/RX packet", cost.AS_IS, 0)]
@@ -115,7 +117,8 @@ def table(exp, envs_order, short, name="netcost"):
         lines = ["## Diagnostic: what Table 6's TCP streams cost (`netcost`)", "",
                  f"Why Table 6's rows differ between the VMMs ({n} trial(s) each, taken in turn in "
                  "each nested host; medians). Table 6's iperf3 commands, with the environment's CPU "
-                 "time, network interrupts and packets counted around each (its /proc; interfaces "
+                 "time, network interrupts (by queue in the trials since 2026-11-29 night, n/a "
+                 "before) and packets counted around each (its /proc; interfaces "
                  "other than loopback, so none for native), the nested host's CPU time, the VMM "
                  "process's own by thread, and KVM's counters for the guest's VM "
                  "(bench/paper/netcost.py; RUNS.md reads it). Costs are per gigabit received by the "
