@@ -214,7 +214,9 @@ fn watch_unplugs(state: &std::path::Path, done: &AtomicBool) -> Vec<String> {
     let log = state.with_file_name("daemon.log");
     // Only what this clone run logs: the test clones more than once.
     let start = std::fs::read_to_string(&log).map_or(0, |t| t.len());
-    let mut asked: Vec<(String, String, Instant)> = Vec::new();
+    // Each clone asked: its name, MAC, and when it was asked (None once
+    // it has been looked at).
+    let mut asked: Vec<(String, String, Option<Instant>)> = Vec::new();
     let mut captures = Vec::new();
     while !done.load(Ordering::SeqCst) {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -225,15 +227,14 @@ fn watch_unplugs(state: &std::path::Path, done: &AtomicBool) -> Vec<String> {
             .filter_map(detach_asked)
         {
             if !asked.iter().any(|(n, ..)| *n == name) {
-                asked.push((name, mac, Instant::now()));
+                asked.push((name, mac, Some(Instant::now())));
             }
         }
         for (name, mac, since) in asked.iter_mut() {
-            if since.elapsed() < UNPLUG_CAPTURE {
+            if !since.is_some_and(|t| t.elapsed() >= UNPLUG_CAPTURE) {
                 continue;
             }
-            // Each clone is looked at once.
-            *since = Instant::now() + Duration::from_secs(3600);
+            *since = None;
             if let Some(d) = still_holds(state, name, mac) {
                 let console =
                     std::fs::read_to_string(console_path(state, d.id)).unwrap_or_default();
