@@ -71,6 +71,11 @@ pub struct Vif {
     /// out, the VMM's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mrg_rxbuf: Option<bool>,
+    /// Whether the guest is offered indirect descriptors
+    /// (`indirect_desc=0|1`; see [`crate::spec::NetSpec::indirect_desc`]);
+    /// left out, the VMM's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub indirect_desc: Option<bool>,
 }
 
 impl Vif {

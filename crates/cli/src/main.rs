@@ -201,10 +201,12 @@ struct RunArgs {
     /// 52:54:00 and a hash of the tap name), bw=SIZE (bytes per second),
     /// pps=N (packets per second), both directions together;
     /// mrg_rxbuf=off (no mergeable receive buffers: the guest posts one
-    /// large buffer per frame; more guest memory, less work per frame).
+    /// large buffer per frame; more guest memory, less work per frame);
+    /// indirect_desc=off (no indirect descriptors: each piece of a frame
+    /// takes a slot of the ring, as under Cloud Hypervisor).
     #[arg(
         long,
-        value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N][,mrg_rxbuf=on|off]"
+        value_name = "tap=NAME[,mac=MAC][,bw=SIZE][,pps=N][,mrg_rxbuf=on|off][,indirect_desc=on|off]"
     )]
     net: Vec<NetSpec>,
     /// A virtio-vsock device with this context id, on the host's

@@ -656,6 +656,7 @@ pub(crate) fn net_spec(tap: String, v: &domus_xlcfg::Vif, mac: Option<String>) -
         },
         passed: None,
         mrg_rxbuf: v.mrg_rxbuf,
+        indirect_desc: v.indirect_desc,
     }
 }
 

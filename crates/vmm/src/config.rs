@@ -119,6 +119,7 @@ pub fn net_config(n: &NetSpec) -> NetConfig {
         limits: limits(&n.rate_limit),
         passed: n.passed,
         mrg_rxbuf: n.mrg_rxbuf.unwrap_or(true),
+        indirect_desc: n.indirect_desc.unwrap_or(true),
     }
 }
 

@@ -132,7 +132,8 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 /// ignored with a warning), and the virtual firewall-router's own: `tcp=`
 /// and `udp=` (the inbound ports allowed, separated by spaces, ranges as
 /// `8000-8080`; an empty list allows none) and `isolated=1`; and the
-/// device's `mrg_rxbuf=0` (no mergeable receive buffers).
+/// device's `mrg_rxbuf=0` (no mergeable receive buffers) and
+/// `indirect_desc=0` (no indirect descriptors).
 pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> {
     let mut v = Vif::default();
     for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -184,6 +185,12 @@ pub fn parse_vif(spec: &str, warnings: &mut Vec<String>) -> Result<Vif, String> 
             "mrg_rxbuf" => {
                 v.mrg_rxbuf = Some(
                     parse_switch(val).ok_or_else(|| format!("mrg_rxbuf '{val}' is not 0 or 1"))?,
+                )
+            }
+            "indirect_desc" => {
+                v.indirect_desc = Some(
+                    parse_switch(val)
+                        .ok_or_else(|| format!("indirect_desc '{val}' is not 0 or 1"))?,
                 )
             }
             k => warnings.push(format!("vif key '{k}' is ignored")),
@@ -273,6 +280,9 @@ mod tests {
         assert_eq!(v.mrg_rxbuf, None, "the VMM's default unless asked");
         let v = parse_vif("mrg_rxbuf=0", &mut w).unwrap();
         assert_eq!(v.mrg_rxbuf, Some(false));
+        assert_eq!(v.indirect_desc, None, "the VMM's default unless asked");
+        let v = parse_vif("indirect_desc=0", &mut w).unwrap();
+        assert_eq!(v.indirect_desc, Some(false));
         for bad in [
             "ip=10.0.0.300",
             "ip=",
@@ -282,6 +292,7 @@ mod tests {
             "tcp=ssh",
             "isolated=maybe",
             "mrg_rxbuf=big",
+            "indirect_desc=",
         ] {
             assert!(parse_vif(bad, &mut w).is_err(), "{bad}");
         }

@@ -142,11 +142,14 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host_both_ways() 
     // the bytes arrive, all and intact.)
     let host_send = HostSend::new("10.77.0.3", 5002, 100, Duration::from_secs(300));
     // A's interface has no mergeable receive buffers (each frame in one
-    // large buffer), B's has: the 100 MiB go into each guest one way. The
-    // guest's feature bits (virtio's sysfs string, bit 15 MRG_RXBUF) say
+    // large buffer), B's has: the 100 MiB go into each guest one way. B's
+    // has no indirect descriptors (each piece of a frame in a slot of its
+    // own), A's has: B sends the 100 MiB. The guest's feature bits
+    // (virtio's sysfs string, bit 15 MRG_RXBUF, bit 28 INDIRECT_DESC) say
     // which it negotiated.
     let up = "ip link set lo up; ip link set eth0 up; ip addr add ADDR/24 dev eth0; \
-              cut -c16 /sys/class/net/eth0/device/features | sed 's/^/mrg=/'; ";
+              cut -c16 /sys/class/net/eth0/device/features | sed 's/^/mrg=/'; \
+              cut -c29 /sys/class/net/eth0/device/features | sed 's/^/indirect=/'; ";
     // Each guest waits until it reaches the other (they boot side by side
     // and either may be first) before it counts pings or sends.
     let a_cmd = format!(
@@ -164,7 +167,7 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host_both_ways() 
         .args(["--net".to_string(), format!("tap={ta},mrg_rxbuf=off")]);
     let b = TestVm::new(&b_cmd).disk(&helper).args([
         "--net".to_string(),
-        format!("tap={tb},mac=52:54:00:12:34:56"),
+        format!("tap={tb},mac=52:54:00:12:34:56,indirect_desc=off"),
     ]);
     let a = std::thread::spawn(move || a.run());
     let b = std::thread::spawn(move || b.run());
@@ -173,6 +176,11 @@ fn two_domains_on_a_bridge_ping_and_move_100_mib_and_reach_the_host_both_ways() 
     let host_out = host_recv.output();
     assert_eq!(value(&a, "pings"), 3, "{a}");
     assert_eq!((value(&a, "mrg"), value(&b, "mrg")), (0, 1), "{a}\n{b}");
+    assert_eq!(
+        (value(&a, "indirect"), value(&b, "indirect")),
+        (1, 0),
+        "{a}\n{b}"
+    );
     let sent = all_words(&b, "sent_hash");
     let sent_bytes = all_words(&b, "sent_bytes");
     assert_eq!(sent_bytes, ["104857600", "10485760"], "{b}");

@@ -72,6 +72,8 @@ pub struct NetConfig {
     pub passed: Option<u64>,
     /// Offer mergeable receive buffers (`VIRTIO_NET_F_MRG_RXBUF`).
     pub mrg_rxbuf: bool,
+    /// Offer indirect descriptors (`VIRTIO_RING_F_INDIRECT_DESC`).
+    pub indirect_desc: bool,
 }
 
 /// Per-interface counters.
@@ -129,6 +131,7 @@ pub struct Net {
     counters: Arc<Counters>,
     limiter: Arc<Shared>,
     mrg_rxbuf: bool,
+    indirect_desc: bool,
     running: Option<DeviceThread>,
 }
 
@@ -154,6 +157,7 @@ impl Net {
             counters: Arc::default(),
             limiter: Arc::new(limiter),
             mrg_rxbuf: cfg.mrg_rxbuf,
+            indirect_desc: cfg.indirect_desc,
             running: None,
         })
     }
@@ -528,8 +532,12 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        crate::BASE_FEATURES
-            | F_CSUM
+        let base = if self.indirect_desc {
+            crate::BASE_FEATURES
+        } else {
+            crate::BASE_FEATURES & !crate::VIRTIO_RING_F_INDIRECT_DESC
+        };
+        base | F_CSUM
             | F_GUEST_CSUM
             | F_MAC
             | F_GUEST_TSO4
