@@ -17,11 +17,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import benchlib  # noqa: E402
+import domus_api  # noqa: E402
 HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
 BRIDGE, GATEWAY = "dpaper0", "10.205.0.1"
 QEMU_MAC, QEMU_TAP = "52:54:00:be:ef:05", "qpaper0"
 CH_MAC, CH_TAP = "52:54:00:be:ef:06", "cpaper0"
 UP_TIMEOUT_S = 600
+# Where a Domus domain's VMM capture goes when its guest fails a trial
+# (Domus.capture; run.py sets it beside OUT.json, which outlives the
+# nested host); None: no capture.
+CAPTURES = None
+SOAK = os.path.join(REPO, "tools", "soak.py")
 # Where a guest has the helper (Guest.wait_up copies it there).
 GUEST_HELPER = "/home/debian/domus-guest"
 
@@ -369,6 +375,52 @@ class Domus(Guest):
             out.append("list: " + self.domus("list", "--json", check=False)[:800])
         except OSError:
             pass
+        try:
+            out.append(self.capture())
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+            out.append(f"no capture: {e}")
+        return "\n".join(out)
+
+    def capture(self):
+        """What the domain's VMM was doing when its guest failed a trial,
+        into a directory of CAPTURES: tools/soak.py's capture (its threads'
+        CPU time, the kvm_exit trace, the verdict), its virtio rings read
+        twice a second apart (GET /v1/domain/rings: rings.json), and
+        whether the guest still answers ping. Returns the lines that say
+        so; "" without a VMM."""
+        d = next((d for d in self.domains() if d.get("name") == self.domain), None)
+        if CAPTURES is None or d is None or not d.get("pid"):
+            return ""
+        dest = os.path.join(CAPTURES, time.strftime("%Y%m%d-%H%M%S-") + self.name)
+        os.makedirs(dest, exist_ok=True)
+        sock = os.path.join(self.state, "domains", str(d["id"]), "api.sock")
+        readings = []
+        for i in range(2):
+            if i:
+                time.sleep(1)
+            status, body = domus_api.request(sock, "GET", "/v1/domain/rings")
+            readings.append(json.loads(body) if status == 200 else [])
+        with open(os.path.join(dest, "rings.json"), "w") as f:
+            json.dump({"first": readings[0], "second": readings[1]}, f, indent=1)
+        console = os.path.join(self.state, "domains", str(d["id"]), "console.log")
+        r = subprocess.run([sys.executable, SOAK, "capture", str(d["pid"]), dest]
+                           + (["--console", console] if os.path.isfile(console) else []),
+                           capture_output=True, text=True, timeout=60)
+        out = [f"VMM capture ({dest}):", r.stdout.strip() + r.stderr.strip()[-500:]]
+        # Each queue's second reading; `held` when the first was the same.
+        for q in readings[1]:
+            v = q.get("vector") or {}
+            out.append(f"ring {q['device']} queue {q['queue']}: avail {q['avail_idx']} used "
+                       f"{q['used_idx']} used_event {q['used_event']} avail_event {q['avail_event']} "
+                       f"signalled_at {q['signalled_at']} vector {v.get('index')} fired "
+                       f"{v.get('fired')} masked {v.get('masked')} pending {v.get('pending')}"
+                       + (" (held)" if q in readings[0] else " (moved)"))
+        if self.ip:
+            try:
+                p = subprocess.run(["ping", "-c", "3", "-W", "1", self.ip], capture_output=True, text=True)
+                out += [f"ping {self.ip}: {line}" for line in p.stdout.splitlines() if "transmitted" in line]
+            except OSError as e:
+                out.append(f"ping {self.ip}: {e}")
         return "\n".join(out)
 
     def seed(self):
@@ -393,7 +445,7 @@ class DomusVariant(Domus):
     """A second domain of `dom`'s daemon, `domain`, made as `dom`'s with
     the xl.cfg lines `extra` added and its interface's spec `vif`,
     measured as environment `name`: one setting's effect, in the same
-    nested host (webcost's `webllc`, netcost's `netmrg`)."""
+    nested host (webcost's `webllc`, netcost's `netmrg` and `netind`)."""
 
     def __init__(self, dom, name, domain, extra, vif=""):
         self.name, self.domain = name, domain

@@ -23,11 +23,25 @@ import webcost
 import workloads
 from report import median
 
-# `netmrg`'s second Domus domain: its interface offers the guest no
-# mergeable receive buffers (`mrg_rxbuf=0`), so Linux posts each receive
-# buffer as one chain of pages large enough for a whole frame.
-VARIANT = "domus-nomrg"
-VARIANT_LABEL = "Domus, mrg_rxbuf=0"
+# The experiments that add a second Domus domain beside the first, its
+# interface set otherwise: experiment -> (environment, label, domain, vif
+# setting, heading, what the setting does).
+VARIANTS = {
+    # No mergeable receive buffers: Linux posts each receive buffer as one
+    # chain of pages large enough for a whole frame.
+    "netmrg": ("domus-nomrg", "Domus, mrg_rxbuf=0", "papernomrg", "mrg_rxbuf=0",
+               "without mergeable receive buffers",
+               "its interface offers the guest no mergeable receive buffers, so Linux posts each "
+               "receive buffer as one chain of pages that takes a whole frame"),
+    # No indirect descriptors, as Cloud Hypervisor's interface: each piece
+    # of a frame the guest sends takes a slot of the transmit ring, which
+    # a 64 KiB frame's 17 pieces fill (with them a frame takes one slot and
+    # the ring never fills, so Linux asks for an interrupt per completion).
+    "netind": ("domus-noind", "Domus, indirect_desc=0", "papernoind", "indirect_desc=0",
+               "without indirect descriptors",
+               "its interface offers the guest no indirect descriptors (as Cloud Hypervisor's "
+               "does not), so each piece of a frame takes a slot of the ring"),
+}
 # The guest's memory in use after the rows (MemTotal less MemFree,
 # Buffers, Cached and SReclaimable, MiB). Too noisy to show the receive
 # ring's 8 MiB between the domains (RUNS.md, 2026-11-29 evening, which
@@ -66,13 +80,14 @@ HOST_COLUMNS = [("host.guest", "guest mode (ms/Gbit)", cost.PER_OP, 1, MS_PER_GB
 def experiment(environments, run, running, server_ip, name="netcost", dom=None):
     """Trials in each environment (cost.experiment); each trial runs the
     four iperf3 rows against a server this starts in the nested host
-    (`server_ip(e)`: where environment e reaches it). `netmrg` adds a
-    second domain of Domus's daemon (`dom`), `domus-nomrg`, whose interface
-    offers no mergeable receive buffers, and reads each guest's memory in
-    use after the rows."""
+    (`server_ip(e)`: where environment e reaches it). `netmrg` and
+    `netind` add a second domain of Domus's daemon (`dom`), its interface
+    set as VARIANTS says, and read each guest's memory in use after the
+    rows."""
     variant = None
-    if name == "netmrg":
-        variant = envs.DomusVariant(dom, VARIANT, "papernomrg", "", vif="mrg_rxbuf=0")
+    if name in VARIANTS:
+        env, _, domain, vif, *_ = VARIANTS[name]
+        variant = envs.DomusVariant(dom, env, domain, "", vif=vif)
         if run.lacking(name, [variant]):
             envs.boot(variant, run.done)
             variant.pause()
@@ -102,17 +117,17 @@ def experiment(environments, run, running, server_ip, name="netcost", dom=None):
 
 
 def table(exp, envs_order, short, name="netcost"):
-    """results.md's lines for a netcost or netmrg record: the environment's
-    and the nested host's tables for the four rows, then the VMM's threads
-    per row (and netmrg's guest memory in use)."""
+    """results.md's lines for a netcost, netmrg or netind record: the
+    environment's and the nested host's tables for the four rows, then the
+    VMM's threads per row (and the variants' guest memory in use)."""
     n = cost.trial_count(exp, envs_order)
-    if name == "netmrg":
-        lines = ["## Diagnostic: Table 6's TCP streams without mergeable receive buffers (`netmrg`)", "",
-                 f"netcost with a second Domus domain, {short[VARIANT]}, in the same nested hosts "
-                 f"({n} trial(s) each, taken in turn in each nested host; medians): its interface "
-                 "offers the guest no mergeable receive buffers, so Linux posts each receive buffer "
-                 "as one chain of pages that takes a whole frame (bench/paper/netcost.py; RUNS.md "
-                 "reads it). Costs are per gigabit received by the far end.", ""]
+    if name in VARIANTS:
+        env, _, _, _, heading, what = VARIANTS[name]
+        lines = [f"## Diagnostic: Table 6's TCP streams {heading} (`{name}`)", "",
+                 f"netcost with a second Domus domain, {short[env]}, in the same nested hosts "
+                 f"({n} trial(s) each, taken in turn in each nested host; medians): {what} "
+                 "(bench/paper/netcost.py; RUNS.md reads it). Costs are per gigabit received by "
+                 "the far end.", ""]
     else:
         lines = ["## Diagnostic: what Table 6's TCP streams cost (`netcost`)", "",
                  f"Why Table 6's rows differ between the VMMs ({n} trial(s) each, taken in turn in "
@@ -162,12 +177,14 @@ def _test():
     assert "rx_500" not in rows or "threads" not in rows["rx_500"], rows
     assert rows["tx_1500"]["native"]["kvm.exits"] is None
     assert "guest_used_mib" not in rows, rows
-    rows, lines = table({"runs": {"domus": [dict(t, guest_used_mib=100.0)],
-                                  VARIANT: [dict(t, guest_used_mib=117.0), dict(t, guest_used_mib=119.0)]}},
-                        ["domus", VARIANT], {"domus": "Domus", VARIANT: VARIANT_LABEL}, "netmrg")
-    assert lines[0].endswith("(`netmrg`)") and VARIANT in rows["tx_1500"], lines
-    assert rows["guest_used_mib"] == {"domus": 100.0, VARIANT: 118.0}, rows
-    assert "Domus 100.0, Domus, mrg_rxbuf=0 118.0." in lines[-2], lines
+    for name, (env, label, *_) in VARIANTS.items():
+        rows, lines = table({"runs": {"domus": [dict(t, guest_used_mib=100.0)],
+                                      env: [dict(t, guest_used_mib=117.0), dict(t, guest_used_mib=119.0)]}},
+                            ["domus", env], {"domus": "Domus", env: label}, name)
+        assert lines[0].endswith(f"(`{name}`)") and env in rows["tx_1500"], lines
+        assert label in lines[2], lines
+        assert rows["guest_used_mib"] == {"domus": 100.0, env: 118.0}, rows
+        assert f"Domus 100.0, {label} 118.0." in lines[-2], lines
 
 
 if __name__ == "__main__":

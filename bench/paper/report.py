@@ -370,17 +370,19 @@ def report(src, command=None):
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
         lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
-    if "netcost" in exps or "netmrg" in exps:
-        import netcost
     if "netcost" in exps:
+        import netcost
         rows, tbl = netcost.table(exps["netcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["netcost"] = {"rows": rows, **kept(exps["netcost"])}
         lines += tbl[:2] + partial_note(exps["netcost"]) + tbl[2:]
-    if "netmrg" in exps:
-        rows, tbl = netcost.table(exps["netmrg"], ["native", "domus", netcost.VARIANT] + GUESTS[1:],
-                                  dict(SHORT, **{netcost.VARIANT: netcost.VARIANT_LABEL}), "netmrg")
-        doc["experiments"]["netmrg"] = {"rows": rows, **kept(exps["netmrg"])}
-        lines += tbl[:2] + partial_note(exps["netmrg"]) + tbl[2:]
+    for name in ("netmrg", "netind"):
+        if name in exps:
+            import netcost
+            env, label, *_ = netcost.VARIANTS[name]
+            rows, tbl = netcost.table(exps[name], ["native", "domus", env] + GUESTS[1:],
+                                      dict(SHORT, **{env: label}), name)
+            doc["experiments"][name] = {"rows": rows, **kept(exps[name])}
+            lines += tbl[:2] + partial_note(exps[name]) + tbl[2:]
     for name in ("webcost", "webgroup", "webllc"):
         if name in exps:
             import webcost

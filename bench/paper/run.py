@@ -74,6 +74,9 @@ Experiments (names for --only):
            interface offers no mergeable receive buffers (mrg_rxbuf=0),
            and each guest's memory in use (netcost.py; run only when
            --only names it).
+  netind   netcost with a second Domus domain, domus-noind, whose
+           interface offers no indirect descriptors (indirect_desc=0), as
+           Cloud Hypervisor's (netcost.py; run only when --only names it).
 fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
@@ -104,10 +107,10 @@ VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
-               "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg"]
+               "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"]
 MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg"}
+DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
@@ -433,6 +436,7 @@ def lacks(missing, count):
 
 
 def measure(out, only, quick):
+    envs.CAPTURES = os.path.join(os.path.dirname(os.path.abspath(out)), "captures")
     done = {}
     if os.path.exists(out):
         with open(out) as f:
@@ -569,7 +573,9 @@ def measure(out, only, quick):
                                                                    "webllc", dom),
                    "netcost": lambda these, run: netcost.experiment(these, run, running, net_server),
                    "netmrg": lambda these, run: netcost.experiment(these, run, running, net_server,
-                                                                   "netmrg", dom)}[name](
+                                                                   "netmrg", dom),
+                   "netind": lambda these, run: netcost.experiment(these, run, running, net_server,
+                                                                   "netind", dom)}[name](
                        these, run)
             run.finish(name, res)
     finally:
