@@ -50,7 +50,10 @@ class Restarted(Exception):
 
 def rotate(xs, i):
     """`xs` turned by `i`: trial i's order, so no environment always goes
-    first."""
+    first. None to turn: an experiment whose trials earlier nested hosts
+    all finished (its record left partial) runs none."""
+    if not xs:
+        return []
     i %= len(xs)
     return xs[i:] + xs[:i]
 
@@ -387,9 +390,10 @@ class Domus(Guest):
         CPU time, the kvm_exit trace, the verdict), its virtio rings read
         twice a second apart (GET /v1/domain/rings: rings.json), and
         whether the guest still answers ping. Returns the lines that say
-        so; "" without a VMM."""
+        so; "" without a VMM, or with one that booted the guest again (the
+        guest that failed is gone)."""
         d = next((d for d in self.domains() if d.get("name") == self.domain), None)
-        if CAPTURES is None or d is None or not d.get("pid"):
+        if CAPTURES is None or d is None or not d.get("pid") or d.get("restarts", 0) > 0:
             return ""
         dest = os.path.join(CAPTURES, time.strftime("%Y%m%d-%H%M%S-") + self.name)
         os.makedirs(dest, exist_ok=True)

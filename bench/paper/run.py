@@ -637,6 +637,15 @@ def _test():
     finally:
         if was is not None:
             os.environ["BENCH_OUTER"] = was
+    # A partial record whose trials earlier nested hosts all finished (a
+    # run stopped before it wrote the finished record, or TRIALS lowered):
+    # nothing is run and the kept trials are its result.
+    with tempfile.TemporaryDirectory() as d:
+        kept = [{"v": 1.0}] * 7
+        r = Run(os.path.join(d, "raw.json"),
+                {"partial": {"x": {"quick": False, "runs": {"a": kept}}}}, False, d)
+        assert r.lacking("x", ["a"]) == []
+        assert r.trials("x", r.lacking("x", []), None) == {"a": kept[:r.count]}
 
 
 if __name__ == "__main__":
