@@ -3,10 +3,11 @@ domain's), for the bench scripts: bench/control and bench/io import it."""
 import socket
 
 
-def request(sock_path, method, path, body=None):
-    """Returns (status, body text)."""
+def request(sock_path, method, path, body=None, timeout=600):
+    """Returns (status, body text); socket.timeout when a read or write
+    waits longer than `timeout` seconds."""
     s = socket.socket(socket.AF_UNIX)
-    s.settimeout(600)
+    s.settimeout(timeout)
     s.connect(sock_path)
     data = body.encode() if body else b""
     head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"

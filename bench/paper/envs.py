@@ -402,7 +402,8 @@ class Domus(Guest):
         for i in range(2):
             if i:
                 time.sleep(1)
-            status, body = domus_api.request(sock, "GET", "/v1/domain/rings")
+            # A VMM too wedged to answer its API in 10 s says so too.
+            status, body = domus_api.request(sock, "GET", "/v1/domain/rings", timeout=10)
             readings.append(json.loads(body) if status == 200 else [])
         with open(os.path.join(dest, "rings.json"), "w") as f:
             json.dump({"first": readings[0], "second": readings[1]}, f, indent=1)
@@ -410,7 +411,7 @@ class Domus(Guest):
         r = subprocess.run([sys.executable, SOAK, "capture", str(d["pid"]), dest]
                            + (["--console", console] if os.path.isfile(console) else []),
                            capture_output=True, text=True, timeout=60)
-        out = [f"VMM capture ({dest}):", r.stdout.strip() + r.stderr.strip()[-500:]]
+        out = [f"VMM capture ({dest}):", r.stdout.strip()] + ([r.stderr.strip()[-500:]] if r.stderr.strip() else [])
         # Each queue's second reading; `held` when the first was the same.
         for q in readings[1]:
             v = q.get("vector") or {}

@@ -35,8 +35,10 @@ VARIANTS = {
                "receive buffer as one chain of pages that takes a whole frame"),
     # No indirect descriptors, as Cloud Hypervisor's interface: each piece
     # of a frame the guest sends takes a slot of the transmit ring, which
-    # a 64 KiB frame's 17 pieces fill (with them a frame takes one slot and
-    # the ring never fills, so Linux asks for an interrupt per completion).
+    # fifteen 64 KiB frames fill (with them a frame takes one slot and the
+    # ring never fills). Whether that is why CH's guest takes half Domus's
+    # transmit interrupts: it lowered them by at most a tenth (RUNS.md,
+    # 2026-11-30).
     "netind": ("domus-noind", "Domus, indirect_desc=0", "papernoind", "indirect_desc=0",
                "without indirect descriptors",
                "its interface offers the guest no indirect descriptors (as Cloud Hypervisor's "
