@@ -251,9 +251,16 @@ enum Rx {
     Throttled(Duration),
 }
 
-/// Out of room for the frame at hand: asks the guest to notify the device
-/// when it adds any buffer past those it offers now, and says whether it
-/// added some meanwhile (look again). Waiting instead for the buffers past
+/// Out of room for the frame at hand, having taken every buffer the ring
+/// held when it looked: asks the guest to notify the device when it adds
+/// any buffer past those it offers now, and says whether the ring holds
+/// any the device has not taken (look again). Those include buffers the
+/// guest added after the device last looked and before this call read
+/// the ring: a guest whose avail_event was passed long ago sends no kick
+/// for them, and once they fill its ring it adds no more, so a device
+/// that waited for the next kick would hold its buffers, unused, for
+/// good (bench/paper's iperf3 -R: a guest whose ring held 256 buffers,
+/// 242 used, the device asleep and the domain unreachable). Waiting instead for the buffers past
 /// the ones taken (`enable_notification`'s `avail_event = next_avail`)
 /// never ends when the guest offers some but fewer than a frame needs (a
 /// 64 KiB TSO frame takes some 44 of Linux's 1.5 KiB mergeable buffers):
@@ -284,7 +291,7 @@ pub fn wait_for_buffers(q: &mut Queue, mem: &Memory) -> bool {
     // The store above before the load below (the driver's side pairs it).
     std::sync::atomic::fence(Ordering::SeqCst);
     q.avail_idx(mem, Ordering::Relaxed)
-        .is_ok_and(|now| now != offered)
+        .is_ok_and(|now| now.0 != q.next_avail())
 }
 
 impl Engine {
@@ -664,20 +671,38 @@ mod tests {
     #[test]
     fn a_device_short_of_buffers_waits_for_any_new_one() {
         let m = mem();
-        // Five buffers offered, none taken, too few for the frame.
+        // Five buffers offered, all taken, too few for the frame.
         let mut q = rx_queue(&m, true, 5);
-        assert!(
-            q.enable_notification(&m).unwrap(),
-            "the crate's own call says 'more' whenever buffers are offered"
-        );
+        q.set_next_avail(5);
         assert!(!wait_for_buffers(&mut q, &m), "none added meanwhile");
         let avail_event: u16 = m.read_obj(GuestAddress(0x30000 + 4 + 8 * 256)).unwrap();
         assert_eq!(avail_event, 5, "the next buffer added kicks");
         // Without event idx: the driver kicks on every buffer it adds.
         let mut q = rx_queue(&m, false, 5);
+        q.set_next_avail(5);
         m.write_obj(1u16.to_le(), GuestAddress(0x30000)).unwrap();
         assert!(!wait_for_buffers(&mut q, &m));
         let flags: u16 = m.read_obj(GuestAddress(0x30000)).unwrap();
         assert_eq!(flags, 0, "VRING_USED_F_NO_NOTIFY cleared");
+    }
+
+    #[test]
+    fn buffers_added_before_the_device_asks_for_a_kick_are_taken() {
+        let m = mem();
+        // The device took three buffers and found them too few; the guest
+        // added two more before the device asked for a kick, with no kick
+        // of its own (its avail_event lay behind). With the ring full it
+        // will add no more: the device must look again, not wait.
+        for event_idx in [true, false] {
+            let mut q = rx_queue(&m, event_idx, 5);
+            q.set_next_avail(3);
+            assert!(wait_for_buffers(&mut q, &m), "event idx {event_idx}");
+        }
+        // Across the indices' wrap past 65535: three not taken, then none.
+        let mut q = rx_queue(&m, true, 1);
+        q.set_next_avail(65534);
+        assert!(wait_for_buffers(&mut q, &m));
+        q.set_next_avail(1);
+        assert!(!wait_for_buffers(&mut q, &m));
     }
 }
