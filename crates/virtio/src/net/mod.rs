@@ -252,22 +252,24 @@ enum Rx {
 }
 
 /// Out of room for the frame at hand, having taken every buffer the ring
-/// held when it looked: asks the guest to notify the device when it adds
-/// any buffer past those it offers now, and says whether the ring holds
-/// any the device has not taken (look again). Those include buffers the
-/// guest added after the device last looked and before this call read
-/// the ring: a guest whose avail_event was passed long ago sends no kick
-/// for them, and once they fill its ring it adds no more, so a device
-/// that waited for the next kick would hold its buffers, unused, for
-/// good (bench/paper's iperf3 -R: a guest whose ring held 256 buffers,
-/// 242 used, the device asleep and the domain unreachable). Waiting instead for the buffers past
-/// the ones taken (`enable_notification`'s `avail_event = next_avail`)
-/// never ends when the guest offers some but fewer than a frame needs (a
-/// 64 KiB TSO frame takes some 44 of Linux's 1.5 KiB mergeable buffers):
-/// its later additions do not cross that index, so it sends no kick, and
-/// `enable_notification` says "more" each time, so the device looked
-/// again in a loop that never let the guest hear of the buffers already
-/// used (bench/paper's iperf3 to the guest: a domain reachable no more).
+/// held when it looked ([`rx::RxBuffers::fill`]): asks the guest to
+/// notify the device when it adds any buffer past those it offers now
+/// (avail_event = the driver's avail index), and says whether the ring
+/// holds any buffer the device has not taken (look again).
+///
+/// Both halves were bugs once. Asking instead for the buffers past the
+/// ones taken (`enable_notification`'s avail_event = next_avail) left a
+/// device that had not taken the buffers offered (before `fill`) waiting
+/// for a kick the guest never sent: its later additions did not cross
+/// that index (bench/paper's iperf3 into the guest, 0404e9b). And looking
+/// again only for buffers added after this call read the avail index
+/// missed those the guest added between the device's last look and that
+/// read: they came with no kick (the guest's avail_event lay behind), and
+/// once they filled its ring the guest added no more, so the device held
+/// its buffers unused for good (a ring of 256 buffers, 242 used, the
+/// device asleep and the domain unreachable: bench/paper's VMM capture,
+/// 2026-11-30). Since the device takes every buffer before it asks, one
+/// it has not taken was added since, and looking again takes it.
 pub fn wait_for_buffers(q: &mut Queue, mem: &Memory) -> bool {
     let Ok(offered) = q.avail_idx(mem, Ordering::Acquire) else {
         return false;
