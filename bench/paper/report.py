@@ -370,14 +370,13 @@ def report(src, command=None):
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["pgcost"] = {"rows": rows, **kept(exps["pgcost"])}
         lines += tbl[:2] + partial_note(exps["pgcost"]) + tbl[2:]
+    import netcost
     if "netcost" in exps:
-        import netcost
         rows, tbl = netcost.table(exps["netcost"], ["native"] + GUESTS, SHORT)
         doc["experiments"]["netcost"] = {"rows": rows, **kept(exps["netcost"])}
         lines += tbl[:2] + partial_note(exps["netcost"]) + tbl[2:]
-    for name in ("netmrg", "netind"):
+    for name in netcost.VARIANTS:
         if name in exps:
-            import netcost
             env, label, *_ = netcost.VARIANTS[name]
             rows, tbl = netcost.table(exps[name], ["native", "domus", env] + GUESTS[1:],
                                       dict(SHORT, **{env: label}), name)

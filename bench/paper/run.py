@@ -572,10 +572,10 @@ def measure(out, only, quick):
                    "webllc": lambda these, run: webcost.experiment(these, run, running, VCPUS,
                                                                    "webllc", dom),
                    "netcost": lambda these, run: netcost.experiment(these, run, running, net_server),
-                   "netmrg": lambda these, run: netcost.experiment(these, run, running, net_server,
-                                                                   "netmrg", dom),
-                   "netind": lambda these, run: netcost.experiment(these, run, running, net_server,
-                                                                   "netind", dom)}[name](
+                   # netmrg, netind: netcost with a second Domus domain.
+                   **{v: lambda these, run, v=v: netcost.experiment(these, run, running, net_server,
+                                                                    v, dom)
+                      for v in netcost.VARIANTS}}[name](
                        these, run)
             run.finish(name, res)
     finally:
