@@ -262,9 +262,10 @@ def start_clones(dom, run, n, prefix, prepare=None, paused=False):
     if paused:
         for c in new:
             c.pause()
-    else:
+    elif len(clones) > len(new):
         for c in clones[:-len(new)]:
             c.resume()
+        say(f"{n} clones running, quiet {quiet(dom, clones):.0f} s after the earlier ones' resume")
     say(f"{n} clones up in {time.monotonic() - t0:.0f} s: "
         + ", ".join(f"{c.name} {c.ip}" for c in clones))
     return clones
@@ -395,6 +396,54 @@ def at_once(fns):
     if errs:
         raise errs[0]
     return outs
+
+
+# A clone resumed after minutes paused finds its clock moved on by them:
+# kvmclock runs while a domain is paused (the guest's wall clock stays
+# right, as on Xen; QEMU and CH stop it instead), so systemd's service
+# watchdogs (3 minutes for journald, udevd, logind and networkd) time out
+# at once and it restarts those services (RUNS.md, "Pausing for
+# minutes"). That work, on the clone's one vCPU, would land in the first
+# measurement after the resume. `quiet` waits for it to end: until every
+# clone's vCPU ran less than QUIET_CPUS of a CPU in QUIET_WINDOWS
+# one-second windows in a row, at most QUIET_MAX_S.
+QUIET_CPUS, QUIET_WINDOWS, QUIET_MAX_S = 0.10, 2, 180
+
+
+def quiet(dom, clones):
+    """Waits until the running clones are quiet (above); the seconds it
+    took."""
+    t0, calm = time.monotonic(), 0
+    before = cpuuse.sample(dom)
+    while calm < QUIET_WINDOWS and time.monotonic() - t0 < QUIET_MAX_S:
+        time.sleep(1)
+        now = cpuuse.sample(dom)
+        use = cpuuse.between(before, now)
+        before = now
+        busy = [c.name for c in clones
+                if use is None or use["domains"].get(c.name, {}).get("vcpu", 1) >= QUIET_CPUS]
+        calm = 0 if busy else calm + 1
+    waited = time.monotonic() - t0
+    if calm < QUIET_WINDOWS:
+        say(f"{len(clones)} clone(s) still busy {waited:.0f} s after their resume: measuring anyway")
+    return round(waited, 1)
+
+
+def resume_quiet(dom, clones):
+    """Resumes the clones and waits until they are quiet; the seconds the
+    wait took."""
+    for c in clones:
+        c.resume()
+    return quiet(dom, clones)
+
+
+def watchdog_timeouts(clones, since):
+    """How many of systemd's service watchdog timeouts each clone's journal
+    has since `since` (the host's clock; the guest's wall clock is the
+    host's)."""
+    outs = sh_all(clones, f"sudo -n journalctl -q -b --no-pager --since=@{int(since) - 2} 2>/dev/null "
+                  "| grep -c 'Watchdog timeout' || true", 120)
+    return [int(o.strip() or 0) if o.strip().isdigit() else None for o in outs]
 
 
 def sh_all(clones, cmd, timeout):
@@ -557,21 +606,35 @@ def fig4(environments, run):
                     if name == "native":
                         each, use = cpuuse.during(
                             dom, lambda: wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)]))
-                        per_vcpu = None
+                        per_vcpu, extra = None, {}
                     else:
                         clones = steps.first(n)
+                        targets = [(c.ip, workloads.WEB_PORT) for c in clones]
+                        at = time.time()
                         for c in clones:
                             c.resume()
                         try:
-                            each, use = cpuuse.during(
-                                dom, lambda: wrk_all([(c.ip, workloads.WEB_PORT) for c in clones]))
+                            # Once right after the resume, as the records
+                            # before 2026-11-30 measured, then once the
+                            # clones are quiet (`quiet`): the difference is
+                            # what the resume's own work cost.
+                            first, first_use = cpuuse.during(dom, lambda: wrk_all(targets))
+                            settle = quiet(dom, clones)
+                            each, use = cpuuse.during(dom, lambda: wrk_all(targets))
                             per_vcpu = cpuuse.per_vcpu_second(each, use, [c.name for c in clones])
+                            kills = watchdog_timeouts(clones, at)
                         finally:
                             for c in clones:
                                 c.pause()
+                        extra = {"at_resume": {"total": sum(first), "each": first, "cpu": first_use},
+                                 "settle_s": settle, "watchdog_timeouts": kills}
+                        say(f"fig4: trial {t + 1}: domus, {n} server(s): {sum(first):.0f} req/s right "
+                            f"after the resume; quiet {settle:.0f} s later; systemd's watchdog timeouts "
+                            f"since the resume: {kills}")
                     say(f"fig4: trial {t + 1}: {name}, {n} server(s): {sum(each):.0f} req/s"
                         + cpu_note(use))
-                    got.append({"total": sum(each), "each": each, "cpu": use, "per_vcpu_s": per_vcpu})
+                    got.append({"total": sum(each), "each": each, "cpu": use, "per_vcpu_s": per_vcpu,
+                                **extra})
                     run.save()
         return res
     finally:
@@ -709,9 +772,8 @@ def scal(environments, run):
                         window = {"cpu": use}
                     else:
                         clones = steps.first(n)
-                        for c in clones:
-                            c.resume()
                         try:
+                            settle = resume_quiet(dom, clones)
                             # N SSH logins take longer to start them all.
                             each, window = concurrent_rates(clones, sysbench_script(secs + n),
                                                             secs + n, "sysbench")
@@ -720,7 +782,8 @@ def scal(environments, run):
                                 c.pause()
                     say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
                         f"(each {min(each):.0f} to {max(each):.0f})" + cpu_note(window["cpu"]))
-                    got.append({"total": sum(each), "each": each, "window": window})
+                    got.append({"total": sum(each), "each": each, "window": window,
+                                **({"settle_s": settle} if name != "native" else {})})
                     run.save()
         if "idle_mib_per_domain" not in res:
             steps.first(most)

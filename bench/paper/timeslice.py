@@ -102,8 +102,7 @@ def slice_experiment(environments, run):
         clones = steps.first(n)
         try:
             vcpu_slices(dom, clones, own)
-            for c in clones:
-                c.resume()
+            multi.resume_quiet(dom, clones)
             each, window = multi.concurrent_rates(clones, multi.sysbench_script(secs + n),
                                                   secs + n, "sysbench")
         finally:
