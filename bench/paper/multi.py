@@ -245,7 +245,9 @@ def start_clones(dom, run, n, prefix, prepare=None, paused=False):
             for attempt in range(REPLACEMENTS + 1):
                 try:
                     c.up(deadline)
-                    say(f"{c.name}: up at {c.ip} after {time.monotonic() - t0:.0f} s")
+                    units = watchdog_timeouts([c])[0]
+                    say(f"{c.name}: up at {c.ip} after {time.monotonic() - t0:.0f} s"
+                        + (f"; systemd's watchdog timed out for {', '.join(units)}" if units else ""))
                     break
                 except envs.Restarted as e:
                     # The nested host's triple faults (README, known
@@ -413,16 +415,25 @@ QUIET_CPUS, QUIET_WINDOWS, QUIET_MAX_S = 0.10, 2, 180
 def quiet(dom, clones):
     """Waits until the running clones are quiet (above); the seconds it
     took."""
-    t0, calm = time.monotonic(), 0
+    t0, calm, told = time.monotonic(), 0, False
     before = cpuuse.sample(dom)
     while calm < QUIET_WINDOWS and time.monotonic() - t0 < QUIET_MAX_S:
         time.sleep(1)
         now = cpuuse.sample(dom)
         use = cpuuse.between(before, now)
         before = now
-        busy = [c.name for c in clones
+        busy = [c for c in clones
                 if use is None or use["domains"].get(c.name, {}).get("vcpu", 1) >= QUIET_CPUS]
         calm = 0 if busy else calm + 1
+        if busy and not told and time.monotonic() - t0 > 20:
+            # Once: what the busy ones run, for the log.
+            told = True
+            try:
+                tops = sh_all(busy, "top -b -n 2 -d 1 -w 200 | awk '/^top -/ {n++} "
+                              "n == 2 && $1 ~ /^[0-9]+$/ {print $9 \"% \" $12}' | head -n 4 | paste -sd ';'", 60)
+            except Exception as e:  # for the log only
+                tops = [f"no answer: {str(e)[:120]}"] * len(busy)
+            say("still busy after 20 s: " + "; ".join(f"{c.name} ({t.strip()})" for c, t in zip(busy, tops)))
     waited = time.monotonic() - t0
     if calm < QUIET_WINDOWS:
         say(f"{len(clones)} clone(s) still busy {waited:.0f} s after their resume: measuring anyway")
@@ -437,13 +448,15 @@ def resume_quiet(dom, clones):
     return quiet(dom, clones)
 
 
-def watchdog_timeouts(clones, since):
-    """How many of systemd's service watchdog timeouts each clone's journal
-    has since `since` (the host's clock; the guest's wall clock is the
-    host's)."""
-    outs = sh_all(clones, f"sudo -n journalctl -q -b --no-pager --since=@{int(since) - 2} 2>/dev/null "
-                  "| grep -c 'Watchdog timeout' || true", 120)
-    return [int(o.strip() or 0) if o.strip().isdigit() else None for o in outs]
+def watchdog_timeouts(clones, since=None):
+    """The units whose systemd service watchdog timed out, as each clone's
+    journal has them since `since` (the host's clock; the guest's wall
+    clock is the host's), or since its boot (the template's: a clone's
+    journal goes on from it)."""
+    when = f"--since=@{int(since) - 2}" if since else ""
+    outs = sh_all(clones, f"sudo -n journalctl -q -b --no-pager {when} 2>/dev/null "
+                  "| sed -n 's/.* \\([^ ]*\\): Watchdog timeout.*/\\1/p'", 120)
+    return [o.split() for o in outs]
 
 
 def sh_all(clones, cmd, timeout):
@@ -594,8 +607,13 @@ def fig4(environments, run):
     steps = Steps(dom, run, "web", lambda new: sh_all(
         new, workloads.web_prepare(envs.GUEST_HELPER, workloads.WEB_PORT, 1), 300))
     try:
-        def wrk_all(targets):
-            return at_once([lambda ip=ip, port=port: wrk(ip, port, secs, script) for ip, port in targets])
+        def wrk_all(targets, clones=None):
+            try:
+                return at_once([lambda ip=ip, port=port: wrk(ip, port, secs, script) for ip, port in targets])
+            except RuntimeError as e:
+                if not clones:
+                    raise
+                raise RuntimeError(f"{e}\n{web_evidence(dom, clones)}") from e
 
         for t in range(run.count):
             for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
@@ -618,11 +636,11 @@ def fig4(environments, run):
                             # before 2026-11-30 measured, then once the
                             # clones are quiet (`quiet`): the difference is
                             # what the resume's own work cost.
-                            first, first_use = cpuuse.during(dom, lambda: wrk_all(targets))
+                            first, first_use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
                             settle = quiet(dom, clones)
-                            each, use = cpuuse.during(dom, lambda: wrk_all(targets))
+                            each, use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
                             per_vcpu = cpuuse.per_vcpu_second(each, use, [c.name for c in clones])
-                            kills = watchdog_timeouts(clones, at)
+                            kills = [len(u) for u in watchdog_timeouts(clones, at)]
                         finally:
                             for c in clones:
                                 c.pause()
@@ -642,6 +660,32 @@ def fig4(environments, run):
         if native is not None:
             native.sh("; ".join(f"(cd web{i} && {workloads.web_stop()})" for i in range(most))
                       + "; true", 60)
+
+
+def web_evidence(dom, clones):
+    """What each web clone says about its address and its nginx, and whom
+    the nested host reaches at the clone's address, after a wrk that
+    failed (a clone's server refused a connection at the start of fig4's
+    8-server count once, 2026-11-30)."""
+    probe = ("ip -4 -o addr show scope global | awk '{print $2, $4}'; "
+             f"ss -ltn | grep -c ':{workloads.WEB_PORT} ' | sed 's/^/listening on {workloads.WEB_PORT}: /'; "
+             "pgrep -c nginx | sed 's/^/nginx processes: /'; tail -n 3 nginx.err 2>/dev/null; "
+             "sudo -n dmesg 2>/dev/null | grep -iE 'oom|killed process' | tail -n 3; "
+             "sudo -n journalctl -q -b --no-pager -p warning 2>/dev/null | tail -n 5")
+    out = []
+    for c in clones:
+        try:
+            said = c.sh(probe, 60)
+        except Exception as e:  # evidence only: a clone that does not answer says so
+            said = f"no answer: {str(e)[:200]}"
+        neigh = subprocess.run(["ip", "neigh", "show", c.ip], capture_output=True, text=True).stdout.strip()
+        out.append(f"{c.name} (leased {c.ip}; the nested host's neighbour entry: {neigh or 'none'}):\n"
+                   + said.strip())
+    try:
+        out.append("leases: " + dom.domus("network-list", "--json", check=False)[:1500])
+    except OSError:
+        pass
+    return "\n".join(out)
 
 
 def cpu_note(use):
