@@ -6,6 +6,7 @@ runs at a time: the others are paused (`domus pause`, SIGSTOP for QEMU).
 """
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -28,6 +29,11 @@ UP_TIMEOUT_S = 600
 # nested host); None: no capture.
 CAPTURES = None
 SOAK = os.path.join(REPO, "tools", "soak.py")
+# dnsmasq's lines of each DHCP option and request detail (`log-dhcp`),
+# left out of the evidence's daemon lines so that its last ones say more
+# than one exchange's options.
+DHCP_DETAIL = re.compile(r"dnsmasq-dhcp\[\d+\]: \d+ (sent size|requested options|available DHCP range|"
+                         r"next server|vendor class|user class|tags|broadcast response)")
 # Where a guest has the helper (Guest.wait_up copies it there).
 GUEST_HELPER = "/home/debian/domus-guest"
 
@@ -337,9 +343,9 @@ class Domus(Guest):
         `deadline` (time.monotonic())."""
         while True:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"domain {name} got no lease; {self.evidence()}")
+                raise RuntimeError(f"domain {name} got no lease; {self.evidence(name)}")
             if not self.running(name):
-                raise Restarted(f"{name}: the guest reset before it got a lease; {self.evidence()}")
+                raise Restarted(f"{name}: the guest reset before it got a lease; {self.evidence(name)}")
             ip = self.lease(name)
             if ip is not None:
                 return ip
@@ -355,8 +361,10 @@ class Domus(Guest):
         self.wait_up(deadline)
         say(f"{self.name}: up at {self.ip} after {time.monotonic() - t0:.0f} s")
 
-    def evidence(self):
-        """What the domain and the daemon last said (for a failed boot)."""
+    def evidence(self, name=None, ip=None):
+        """What the domains and the daemon last said (for a failed boot or
+        trial), with a capture of domain `name`'s VMM (at `ip`; by default
+        this environment's own domain)."""
         out = []
         domains = os.path.join(self.state, "domains")
         for d in sorted(os.listdir(domains)):
@@ -370,7 +378,8 @@ class Domus(Guest):
         try:
             with open(self.log.name, errors="replace") as f:
                 own = [line.rstrip() for line in f
-                       if " console: " not in line and not line.startswith(" domain=")]
+                   if " console: " not in line and not line.startswith(" domain=")
+                   and not DHCP_DETAIL.search(line)]
         except OSError:
             own = []
         out.append(f"{self.log.name}'s last lines but the consoles':\n" + "\n".join(own[-30:]))
@@ -379,23 +388,24 @@ class Domus(Guest):
         except OSError:
             pass
         try:
-            out.append(self.capture())
+            out.append(self.capture(name or self.domain, ip or self.ip))
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
             out.append(f"no capture: {e}")
         return "\n".join(out)
 
-    def capture(self):
-        """What the domain's VMM was doing when its guest failed a trial,
+    def capture(self, name, ip):
+        """What domain `name`'s VMM was doing when its guest (at `ip`)
+        failed a trial,
         into a directory of CAPTURES: tools/soak.py's capture (its threads'
         CPU time, the kvm_exit trace, the verdict), its virtio rings read
         twice a second apart (GET /v1/domain/rings: rings.json), and
         whether the guest still answers ping. Returns the lines that say
         so; "" without a VMM, or with one that booted the guest again (the
         guest that failed is gone)."""
-        d = next((d for d in self.domains() if d.get("name") == self.domain), None)
+        d = next((d for d in self.domains() if d.get("name") == name), None)
         if CAPTURES is None or d is None or not d.get("pid") or d.get("restarts", 0) > 0:
             return ""
-        dest = os.path.join(CAPTURES, time.strftime("%Y%m%d-%H%M%S-") + self.name)
+        dest = os.path.join(CAPTURES, time.strftime("%Y%m%d-%H%M%S-") + name)
         os.makedirs(dest, exist_ok=True)
         sock = os.path.join(self.state, "domains", str(d["id"]), "api.sock")
         readings = []
@@ -420,12 +430,12 @@ class Domus(Guest):
                        f"signalled_at {q['signalled_at']} vector {v.get('index')} fired "
                        f"{v.get('fired')} masked {v.get('masked')} pending {v.get('pending')}"
                        + (" (held)" if q in readings[0] else " (moved)"))
-        if self.ip:
+        if ip:
             try:
-                p = subprocess.run(["ping", "-c", "3", "-W", "1", self.ip], capture_output=True, text=True)
-                out += [f"ping {self.ip}: {line}" for line in p.stdout.splitlines() if "transmitted" in line]
+                p = subprocess.run(["ping", "-c", "3", "-W", "1", ip], capture_output=True, text=True)
+                out += [f"ping {ip}: {line}" for line in p.stdout.splitlines() if "transmitted" in line]
             except OSError as e:
-                out.append(f"ping {self.ip}: {e}")
+                out.append(f"ping {ip}: {e}")
         return "\n".join(out)
 
     def seed(self):

@@ -61,8 +61,9 @@ class Domain(envs.Guest):
         return self.dom.running(self.name)
 
     def evidence(self):
-        """What the daemon and its domains last said (Guest.wait_up's)."""
-        return self.dom.evidence()
+        """What the daemon and its domains last said, with a capture of
+        this domain's VMM (Guest.wait_up's, Guest.failed's)."""
+        return self.dom.evidence(self.name, self.ip)
 
     def up(self, deadline):
         """Waits for its lease, then for an SSH login."""
