@@ -92,11 +92,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import envs  # noqa: E402
+import isolation  # noqa: E402
 import kvmstat  # noqa: E402
 import multi  # noqa: E402
 import netcost  # noqa: E402
 import pgcost  # noqa: E402
 import report  # noqa: E402
+import scaling  # noqa: E402
 import timeslice  # noqa: E402
 import webcost  # noqa: E402
 import workloads  # noqa: E402
@@ -562,8 +564,8 @@ def measure(out, only, quick):
             these = environments if name in MULTI else run.lacking(name, environments)
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in these)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
-                   "fig4": multi.fig4, "fig5": multi.fig5, "fig6": multi.fig6,
-                   "scal": multi.scal, "slice": timeslice.slice_experiment,
+                   "fig4": multi.fig4, "fig5": multi.fig5, "fig6": isolation.fig6,
+                   "scal": scaling.scal, "slice": timeslice.slice_experiment,
                    "xzmem": lambda these, run: xzmem.experiment(these, run, running),
                    "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS),
                    "webcost": lambda these, run: webcost.experiment(these, run, running, VCPUS),

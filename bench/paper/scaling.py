@@ -1,0 +1,87 @@
+"""bench/paper's section 4.5, scalability: up to SCAL_MAX clones (multi.py's)
+running the CPU benchmark at once, against as many native processes."""
+import time
+
+import cpuuse
+import envs
+from envs import say
+from multi import (TEMPLATE_MIB, Steps, concurrent_rates, cpu_note, domus_of, most_clones, resume_quiet,
+                   resumed, sysbench_script, template)
+
+
+SCAL_MAX = 128
+
+
+def scal(environments, run):
+    """Section 4.5, scalability: up to SCAL_MAX clones (as many as
+    admission takes in the nested host; the results say how many) each
+    running sysbench cpu on its vCPU at once, against as many sysbench
+    processes natively; the aggregate events per second, the spread
+    between domains, and the nested host's memory per idle clone."""
+    dom = domus_of(environments)
+    native = next((e for e in environments if e.name == "native"), None)
+    # The template first (restored or made), so that admission's count and
+    # the memory read below are the same in every nested host.
+    template(dom, run)
+    most = min(SCAL_MAX if not run.quick else 8, most_clones(dom))
+    counts = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= most} | {most})
+    secs = 20 if run.quick else 30
+    res = resumed(run, "scal", {"template_mib": TEMPLATE_MIB, "most": most, "counts": counts,
+                                "seconds": secs})
+    before = mem_available_mib()
+    steps = Steps(dom, run, "cpu")
+    try:
+        for t in range(run.count):
+            for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
+                for n in counts:
+                    got = res["runs"].setdefault(name, {}).setdefault(str(n), [])
+                    if len(got) > t:
+                        continue
+                    if name == "native":
+                        each, use = cpuuse.during(dom, lambda: native_sysbench(native, n, secs + n))
+                        window = {"cpu": use}
+                    else:
+                        clones = steps.first(n)
+                        try:
+                            settle = resume_quiet(dom, clones)
+                            # N SSH logins take longer to start them all.
+                            each, window = concurrent_rates(clones, sysbench_script(secs + n),
+                                                            secs + n, "sysbench")
+                        finally:
+                            for c in clones:
+                                c.pause()
+                    say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
+                        f"(each {min(each):.0f} to {max(each):.0f})" + cpu_note(window["cpu"]))
+                    got.append({"total": sum(each), "each": each, "window": window,
+                                **({"settle_s": settle} if name != "native" else {})})
+                    run.save()
+        if "idle_mib_per_domain" not in res:
+            steps.first(most)
+            time.sleep(5)
+            res["idle_mib_per_domain"] = (before - mem_available_mib()) / most
+            say(f"scal: {most} clones hold {res['idle_mib_per_domain']:.1f} MiB each of the nested "
+                "host's memory, paused")
+            run.save()
+        return res
+    finally:
+        steps.destroy()
+
+
+def native_sysbench(native, n, secs):
+    """n single-threaded sysbench processes at once in the native
+    environment; each one's events per second."""
+    out = native.sh(f"for i in $(seq {n}); do sysbench cpu --threads=1 --time={secs} run "
+                    "| awk '/events per second/ {print \"value=\" $4}' > sb$i.out & done; wait; "
+                    f"cat $(seq -f 'sb%g.out' 1 {n})", secs * 4 + 120)
+    vals = [float(w.split("=", 1)[1]) for w in out.split() if w.startswith("value=")]
+    if len(vals) != n:
+        raise RuntimeError(f"native: {n} sysbench processes printed {len(vals)} values")
+    return vals
+
+
+def mem_available_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
