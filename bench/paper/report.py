@@ -258,6 +258,19 @@ def partial_note(exp):
             "hosts finished before they died (bench/paper/RUNS.md).", ""]
 
 
+def add_command(raw, command):
+    """Adds `command` to the record's commands, unless it is there last
+    already or the run measured nothing (run.py's measure left
+    `measured_nothing`, which this clears); whether the record changed."""
+    commands = raw.setdefault("commands", [])
+    if raw.pop("measured_nothing", False):
+        return True
+    if command and command not in commands[-1:]:
+        commands.append(command)
+        return True
+    return False
+
+
 def report(src, command=None):
     """Writes results.json, results.md and the plots from `src` (run.py's
     record). `command`, when given, is the invocation that measured: added
@@ -265,11 +278,9 @@ def report(src, command=None):
     run resumed from an earlier one's record names both."""
     with open(src) as f:
         raw = json.load(f)
-    commands = raw.setdefault("commands", [])
-    if command and command not in commands[-1:]:
-        commands.append(command)
+    if add_command(raw, command):
         save_json(src, raw, 1)
-    command = "; then ".join(commands) or "tools/bench-paper"
+    command = "; then ".join(raw["commands"]) or "tools/bench-paper"
     exps = dict(raw.get("experiments", {}))
     # What nested hosts measured of an experiment no run has finished yet
     # (Run's `partial`): shown, and marked, rather than left out.

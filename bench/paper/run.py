@@ -491,7 +491,13 @@ def measure(out, only, quick):
             todo.append(x)
     if not todo:
         say("every experiment asked for is measured already at this size")
+        if os.path.exists(out):
+            # So that the report does not quote this run's command as one
+            # that measured (report.add_command).
+            done["measured_nothing"] = True
+            report.save_json(out, done, 1)
         return
+    done.pop("measured_nothing", None)
     record = envs.benchlib.image_record(IMAGES, IMAGE)
     # BENCH_WORK_DIR: tools/bench-paper's scratch disk in the nested host.
     # The domains' disks live here, and on a tmpfs the pages a VMM writes
@@ -648,6 +654,12 @@ def _test():
                 {"partial": {"x": {"quick": False, "runs": {"a": kept}}}}, False, d)
         assert r.lacking("x", ["a"]) == []
         assert r.trials("x", r.lacking("x", []), None) == {"a": kept[:r.count]}
+    # A run that measured nothing is not quoted as one that measured; the
+    # next one is, once.
+    raw = {"commands": ["a"], "measured_nothing": True}
+    assert report.add_command(raw, "b") and raw == {"commands": ["a"]}
+    assert report.add_command(raw, "b") and raw["commands"] == ["a", "b"]
+    assert not report.add_command(raw, "b") and not report.add_command(raw, None)
 
 
 if __name__ == "__main__":
