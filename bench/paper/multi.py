@@ -382,6 +382,19 @@ def kept(record):
     return ", ".join(f"{k}: {count(v)}" for k, v in record.items())
 
 
+def lacking_cells(res, run, native, counts):
+    """fig4's and scal's cells still to measure, in their order: each trial
+    t, the environments in turn (envs.rotate; native only if the run has
+    it), each count N. Yields (t, environment, N, the cell's trials so
+    far), the list the caller appends the new trial to."""
+    for t in range(run.count):
+        for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
+            for n in counts:
+                got = res["runs"].setdefault(name, {}).setdefault(str(n), [])
+                if len(got) <= t:
+                    yield t, name, n, got
+
+
 def at_once(fns):
     """Runs the functions at the same time; their results, in order. The
     first failure is raised once all have ended."""
@@ -626,45 +639,40 @@ def fig4(environments, run):
                     raise
                 raise RuntimeError(f"{e}\n{web_evidence(dom, clones)}") from e
 
-        for t in range(run.count):
-            for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
-                for n in counts:
-                    got = res["runs"].setdefault(name, {}).setdefault(str(n), [])
-                    if len(got) > t:
-                        continue
-                    if name == "native":
-                        each, use = cpuuse.during(
-                            dom, lambda: wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)]))
-                        per_vcpu, extra = None, {}
-                    else:
-                        clones = steps.first(n)
-                        targets = [(c.ip, workloads.WEB_PORT) for c in clones]
-                        at = time.time()
-                        for c in clones:
-                            c.resume()
-                        try:
-                            # Once right after the resume, as the records
-                            # before 2026-11-30 measured, then once the
-                            # clones are quiet (`quiet`): the difference is
-                            # what the resume's own work cost.
-                            first, first_use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
-                            settle = quiet(dom, clones)
-                            each, use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
-                            per_vcpu = cpuuse.per_vcpu_second(each, use, [c.name for c in clones])
-                            kills = [len(u) for u in watchdog_timeouts(clones, at)]
-                        finally:
-                            for c in clones:
-                                c.pause()
-                        extra = {"at_resume": {"total": sum(first), "each": first, "cpu": first_use},
-                                 "settle_s": settle, "watchdog_timeouts": kills}
-                        say(f"fig4: trial {t + 1}: domus, {n} server(s): {sum(first):.0f} req/s right "
-                            f"after the resume; quiet {settle:.0f} s later; systemd's watchdog timeouts "
-                            f"since the resume: {kills}")
-                    say(f"fig4: trial {t + 1}: {name}, {n} server(s): {sum(each):.0f} req/s"
-                        + cpu_note(use))
-                    got.append({"total": sum(each), "each": each, "cpu": use, "per_vcpu_s": per_vcpu,
-                                **extra})
-                    run.save()
+        for t, name, n, got in lacking_cells(res, run, native, counts):
+            if name == "native":
+                each, use = cpuuse.during(
+                    dom, lambda: wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)]))
+                per_vcpu, extra = None, {}
+            else:
+                clones = steps.first(n)
+                targets = [(c.ip, workloads.WEB_PORT) for c in clones]
+                at = time.time()
+                for c in clones:
+                    c.resume()
+                try:
+                    # Once right after the resume, as the records
+                    # before 2026-11-30 measured, then once the
+                    # clones are quiet (`quiet`): the difference is
+                    # what the resume's own work cost.
+                    first, first_use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
+                    settle = quiet(dom, clones)
+                    each, use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
+                    per_vcpu = cpuuse.per_vcpu_second(each, use, [c.name for c in clones])
+                    kills = [len(u) for u in watchdog_timeouts(clones, at)]
+                finally:
+                    for c in clones:
+                        c.pause()
+                extra = {"at_resume": {"total": sum(first), "each": first, "cpu": first_use},
+                         "settle_s": settle, "watchdog_timeouts": kills}
+                say(f"fig4: trial {t + 1}: domus, {n} server(s): {sum(first):.0f} req/s right "
+                    f"after the resume; quiet {settle:.0f} s later; systemd's watchdog timeouts "
+                    f"since the resume: {kills}")
+            say(f"fig4: trial {t + 1}: {name}, {n} server(s): {sum(each):.0f} req/s"
+                + cpu_note(use))
+            got.append({"total": sum(each), "each": each, "cpu": use, "per_vcpu_s": per_vcpu,
+                        **extra})
+            run.save()
         return res
     finally:
         steps.destroy()

@@ -3,10 +3,9 @@ running the CPU benchmark at once, against as many native processes."""
 import time
 
 import cpuuse
-import envs
 from envs import say
-from multi import (TEMPLATE_MIB, Steps, concurrent_rates, cpu_note, domus_of, most_clones, resume_quiet,
-                   resumed, sysbench_script, template)
+from multi import (TEMPLATE_MIB, Steps, concurrent_rates, cpu_note, domus_of, lacking_cells, most_clones,
+                   resume_quiet, resumed, sysbench_script, template)
 
 
 SCAL_MAX = 128
@@ -31,30 +30,25 @@ def scal(environments, run):
     before = mem_available_mib()
     steps = Steps(dom, run, "cpu")
     try:
-        for t in range(run.count):
-            for name in envs.rotate(["native", "domus"] if native else ["domus"], t):
-                for n in counts:
-                    got = res["runs"].setdefault(name, {}).setdefault(str(n), [])
-                    if len(got) > t:
-                        continue
-                    if name == "native":
-                        each, use = cpuuse.during(dom, lambda: native_sysbench(native, n, secs + n))
-                        window = {"cpu": use}
-                    else:
-                        clones = steps.first(n)
-                        try:
-                            settle = resume_quiet(dom, clones)
-                            # N SSH logins take longer to start them all.
-                            each, window = concurrent_rates(clones, sysbench_script(secs + n),
-                                                            secs + n, "sysbench")
-                        finally:
-                            for c in clones:
-                                c.pause()
-                    say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
-                        f"(each {min(each):.0f} to {max(each):.0f})" + cpu_note(window["cpu"]))
-                    got.append({"total": sum(each), "each": each, "window": window,
-                                **({"settle_s": settle} if name != "native" else {})})
-                    run.save()
+        for t, name, n, got in lacking_cells(res, run, native, counts):
+            if name == "native":
+                each, use = cpuuse.during(dom, lambda: native_sysbench(native, n, secs + n))
+                window = {"cpu": use}
+            else:
+                clones = steps.first(n)
+                try:
+                    settle = resume_quiet(dom, clones)
+                    # N SSH logins take longer to start them all.
+                    each, window = concurrent_rates(clones, sysbench_script(secs + n),
+                                                    secs + n, "sysbench")
+                finally:
+                    for c in clones:
+                        c.pause()
+            say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
+                f"(each {min(each):.0f} to {max(each):.0f})" + cpu_note(window["cpu"]))
+            got.append({"total": sum(each), "each": each, "window": window,
+                        **({"settle_s": settle} if name != "native" else {})})
+            run.save()
         if "idle_mib_per_domain" not in res:
             steps.first(most)
             time.sleep(5)
