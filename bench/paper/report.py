@@ -3,6 +3,7 @@ matplotlib) from what `run.py measure` wrote."""
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 import textwrap
@@ -223,6 +224,7 @@ def multi_sections(exps, doc):
             ("fig4", "Figure 4: concurrent web servers", rm.fig4_table, rm.plot_fig4),
             ("fig5", "Figure 5: differentiated service", rm.fig5_table, rm.plot_fig5),
             ("fig6", "Figure 6: performance isolation (section 4.4)", rm.fig6_table, rm.plot_fig6),
+            ("fig6rate", "Figure 6 at a fixed load", rm.fig6rate_table, rm.plot_fig6rate),
             ("scal", "Scalability (section 4.5)", lambda e: rm.scal_table(e, cpus), rm.plot_scal),
             ("slice", "Why scalability falls above one domain per CPU: the scheduler's slice",
              lambda e: rm.slice_table(e, cpus), rm.no_plot)):
@@ -271,6 +273,30 @@ def add_command(raw, command):
     return False
 
 
+def split_commands(text):
+    """The commands of an older results.json's one `command` string (each
+    joined by "; then ", an annotation in parentheses never split)."""
+    out, depth, cur, i = [], 0, "", 0
+    while i < len(text):
+        if text.startswith("; then ", i) and depth == 0:
+            out.append(cur)
+            cur, i = "", i + len("; then ")
+            continue
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        cur += text[i]
+        i += 1
+    out.append(cur)
+    return [c.removeprefix("then ") for c in out if c]
+
+
+def runs_section(commands):
+    """results.md's last section: every invocation that measured, in order
+    (each with what it measured and what went wrong, where noted)."""
+    return (["## Runs that measured", "", "Each `tools/bench-paper` invocation whose trials these results "
+             "keep, oldest first, with how many nested hosts it took where noted (RUNS.md has more):", ""]
+            + [f"{i}. {c}" for i, c in enumerate(commands, 1)] + [""])
+
+
 def report(src, command=None):
     """Writes results.json, results.md and the plots from `src` (run.py's
     record). `command`, when given, is the invocation that measured: added
@@ -280,7 +306,7 @@ def report(src, command=None):
         raw = json.load(f)
     if add_command(raw, command):
         save_json(src, raw, 1)
-    command = "; then ".join(raw["commands"]) or "tools/bench-paper"
+    commands = raw["commands"] or ["tools/bench-paper"]
     exps = dict(raw.get("experiments", {}))
     # What nested hosts measured of an experiment no run has finished yet
     # (Run's `partial`): shown, and marked, rather than left out.
@@ -290,14 +316,15 @@ def report(src, command=None):
     m = raw.get("machine", {})
     doc = {"benchmark": "bench/paper",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": command, "machine": m, "config": raw.get("config", {}),
+           "commands": commands, "machine": m, "config": raw.get("config", {}),
            "retried": raw.get("retried", 0),
            "boots_retried": raw.get("boots_retried", []),
            "clones_replaced": raw.get("clones_replaced", []),
            "measured_on": raw.get("measured_on", {}), "experiments": {}}
     lines = ["# bench/paper results", "",
              f"{doc['date']} on `{m.get('host')}` ({m.get('cpus')} CPUs, kernel {m.get('kernel')}), "
-             f"in the nested KVM host; command `{command}`. Guests: {doc['config'].get('vcpus')} "
+             f"in the nested KVM host, by the {len(commands)} run(s) of `tools/bench-paper` listed at the "
+             f"end (the last: `{re.split(r' [(]|, ', commands[-1])[0]}`). Guests: {doc['config'].get('vcpus')} "
              f"vCPUs, {doc['config'].get('memory_mib')} MiB, image `{doc['config'].get('image')}`; "
              "native runs in the nested host on as many CPUs (taskset). The guests run under "
              "Domus and, where the run has them, QEMU (`-accel kvm`) and Cloud Hypervisor v53 "
@@ -401,7 +428,7 @@ def report(src, command=None):
             doc["experiments"][name] = {"rows": rows, **kept(exps[name])}
             lines += tbl[:2] + partial_note(exps[name]) + tbl[2:]
     lines += multi_sections(exps, doc)
-    missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal")
+    missing = [x for x in ("fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "fig6rate", "scal")
                if x not in exps or exps[x].get("partial")]
     if missing:
         lines += ["## Not finished in this run", "", f"{', '.join(missing)} (see `run.py`'s experiments).", ""]
@@ -417,6 +444,7 @@ def report(src, command=None):
         doc["superseded"] = raw["superseded"]
         lines += ["## Superseded records", "", "Kept in `results.json`'s `superseded` (bench/paper/RUNS.md "
                   "says what replaced them):", ""] + [f"- {k}" for k in raw["superseded"]] + [""]
+    lines += runs_section(commands)
     save_json(os.path.join(HERE, "results.json"), doc, 2)
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(lines))
@@ -465,7 +493,7 @@ def seed(results, out):
     raw = {"machine": doc.get("machine", {}), "config": doc.get("config", {}),
            "retried": doc.get("retried", 0), "boots_retried": doc.get("boots_retried", []),
            "clones_replaced": doc.get("clones_replaced", []),
-           "commands": [doc["command"]] if doc.get("command") else [],
+           "commands": doc.get("commands") or split_commands(doc.get("command", "")),
            "measured_on": doc.get("measured_on", {}),
            "experiments": {}, "partial": {}, "superseded": doc.get("superseded", {})}
     for name, exp in doc.get("experiments", {}).items():

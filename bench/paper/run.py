@@ -660,6 +660,10 @@ def _test():
     assert report.add_command(raw, "b") and raw == {"commands": ["a"]}
     assert report.add_command(raw, "b") and raw["commands"] == ["a", "b"]
     assert not report.add_command(raw, "b") and not report.add_command(raw, None)
+    # An older results.json's one command string, split back into runs;
+    # an annotation's own "; then " is not a boundary.
+    assert report.split_commands("A (x; then y); then then B, twice; then C") == ["A (x; then y)", "B, twice", "C"]
+    assert report.split_commands("") == []
 
 
 if __name__ == "__main__":
