@@ -42,6 +42,10 @@ Experiments (names for --only):
   fig6     Figure 6 (section 4.4): two good clones (web, PostgreSQL) alone
            and beside antisocial ones (disk, fork and memory, network
            hogs; Domus only);
+  fig6rate Figure 6 at a fixed load, as the paper's: the good clones
+           first as fast as they go alone, then at half that rate (wrk
+           connections with think times, pgbench -R) alone and beside each
+           hog; the rate they keep and their latency (Domus only);
   scal     section 4.5: up to 128 clones (as many as the nested host
            admits) running sysbench cpu at once, against as many native
            processes; memory per idle clone.
@@ -77,7 +81,7 @@ Experiments (names for --only):
   netind   netcost with a second Domus domain, domus-noind, whose
            interface offers no indirect descriptors (indirect_desc=0), as
            Cloud Hypervisor's (netcost.py; run only when --only names it).
-fig4, fig5, fig6, scal and slice clone one small template domain (multi.py).
+fig4, fig5, fig6, fig6rate, scal and slice clone one small template domain (multi.py).
 """
 import contextlib
 import copy
@@ -108,9 +112,9 @@ from envs import say  # noqa: E402
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
-EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "scal", "slice",
+EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "fig6rate", "scal", "slice",
                "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"]
-MULTI = {"fig4", "fig5", "fig6", "scal", "slice"}
+MULTI = {"fig4", "fig5", "fig6", "fig6rate", "scal", "slice"}
 # Measurements of why, run only when --only names them.
 DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
@@ -571,6 +575,7 @@ def measure(out, only, quick):
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in these)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
                    "fig4": multi.fig4, "fig5": multi.fig5, "fig6": isolation.fig6,
+                   "fig6rate": isolation.fig6rate,
                    "scal": scaling.scal, "slice": timeslice.slice_experiment,
                    "xzmem": lambda these, run: xzmem.experiment(these, run, running),
                    "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS),
