@@ -224,7 +224,7 @@ def multi_sections(exps, doc):
             ("fig4", "Figure 4: concurrent web servers", rm.fig4_table, rm.plot_fig4),
             ("fig5", "Figure 5: differentiated service", rm.fig5_table, rm.plot_fig5),
             ("fig6", "Figure 6: performance isolation (section 4.4)", rm.fig6_table, rm.plot_fig6),
-            ("fig6rate", "Figure 6 at a fixed load", rm.fig6rate_table, rm.plot_fig6rate),
+            ("fig6rate", "Figure 6 at fixed loads", rm.fig6rate_table, rm.plot_fig6rate),
             ("scal", "Scalability (section 4.5)", lambda e: rm.scal_table(e, cpus), rm.plot_scal),
             ("slice", "Why scalability falls above one domain per CPU: the scheduler's slice",
              lambda e: rm.slice_table(e, cpus), rm.no_plot)):

@@ -197,63 +197,90 @@ def plot_fig6(rows, path):
     return finish(plt, fig, ax, "Figure 6: performance isolation (bench/paper)", path)
 
 
+def fig6rate_levels(res):
+    """A fig6rate record's loads: {share: (offered per trial, {phase:
+    [values]})}. The first record (2026-11-30) had one load, `rate_share`."""
+    if "levels" not in res:
+        share = f"{res['rate_share']:g}"
+        return {share: ([o for o in res["offered"]], res["phases"])}
+    return {x: ([o[x] for o in res["offered"]], ph) for x, ph in res["levels"].items()}
+
+
 def fig6rate_table(exp):
-    """Figure 6 at a fixed load (isolation.fig6rate): each good domain's
-    rate and latency per phase, medians over trials, the rate relative to
-    the same fixed load alone (the target) and the latency's ratio."""
+    """Figure 6 at a fixed load (isolation.fig6rate): at each load, each
+    good domain's rate and latency per phase, medians over trials, the
+    rate relative to the same fixed load alone (the target) and the
+    latency's ratio."""
     res = exp["runs"]
-    keys = {"web": "web_p50_ms", "pg": "pg_lat_ms"}
-    alone = {k: med([r[k] for r in res["phases"]["alone"]]) for k in ("web", "pg", *keys.values())}
-    offered = {k: med([o[k] for o in res["offered"]]) for k in FIG6_UNITS}
+    lat = {"web": "web_p50_ms", "pg": "pg_lat_ms"}
     top = {k: med([o[k] for o in res["capacity"]]) for k in FIG6_UNITS}
-    rows = {"offered": offered, "capacity": top}
-    lines = ["| antisocial domains running | web (req/s) | web/alone | web latency, median (ms) | "
+    rows = {"capacity": top}
+    lines = ["| load | antisocial domains running | web (req/s) | web/alone | web latency, median (ms) | "
              "90th and 99th percentile (ms) | web timeouts | PostgreSQL (tps) | PostgreSQL/alone | "
              "PostgreSQL latency, mean (ms) | target |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-             f"| offered ({res['rate_share']:g} of the rate alone as fast as they go: {fmt(top['web'], 0)} req/s, "
-             f"{fmt(top['pg'], 0)} tps) | {fmt(offered['web'], 0)} | | | | | {fmt(offered['pg'], 0)} | | | |"]
-    for phase, runs in res["phases"].items():
-        m = {k: med([r[k] for r in runs if r.get(k) is not None])
-             for k in ("web", "pg", "web_p90_ms", "web_p99_ms", "web_timeouts", *keys.values())}
-        rel = {k: m[k] / alone[k] if alone[k] and m[k] is not None else None for k in FIG6_UNITS}
-        slower = {k: m[v] / alone[v] if alone[v] and m[v] is not None else None for k, v in keys.items()}
-        worst = min((v for v in rel.values() if v is not None), default=None)
-        verdict = ("" if phase == "alone" else "met" if worst is not None and worst >= ISOLATION_TARGET
-                   else f"missed: {(1 - worst) * 100:.0f}% lost (target 5%)" if worst is not None
-                   else "not measured")
-        rows[phase] = {"median": m, "vs_alone": rel, "latency_vs_alone": slower, "target": verdict}
-        lines.append(f"| {'none (alone)' if phase == 'alone' else phase} | {fmt(m['web'], 0)} | "
-                     f"{fmt(rel['web'])} | {fmt(m['web_p50_ms'], 1)} | {fmt(m['web_p90_ms'], 1)}, "
-                     f"{fmt(m['web_p99_ms'], 1)} | {fmt(m['web_timeouts'], 0)} | {fmt(m['pg'], 0)} | "
-                     f"{fmt(rel['pg'])} | {fmt(m['pg_lat_ms'], 1)} | {verdict} |")
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for share, (offers, phases) in fig6rate_levels(res).items():
+        offered = {k: med([o[k] for o in offers]) for k in FIG6_UNITS}
+        alone = {k: med([r[k] for r in phases["alone"]]) for k in ("web", "pg", *lat.values())}
+        level = rows[share] = {"offered": offered}
+        lines.append(f"| {share} of the rate alone as fast as they go ({fmt(top['web'], 0)} req/s, "
+                     f"{fmt(top['pg'], 0)} tps) | offered | {fmt(offered['web'], 0)} | | | | | "
+                     f"{fmt(offered['pg'], 0)} | | | |")
+        for phase, runs in phases.items():
+            m = {k: med([r[k] for r in runs if r.get(k) is not None])
+                 for k in ("web", "pg", "web_p90_ms", "web_p99_ms", "web_timeouts", *lat.values())}
+            rel = {k: m[k] / alone[k] if alone[k] and m[k] is not None else None for k in FIG6_UNITS}
+            slower = {k: m[v] / alone[v] if alone[v] and m[v] is not None else None for k, v in lat.items()}
+            worst = min((v for v in rel.values() if v is not None), default=None)
+            verdict = ("" if phase == "alone" else "met" if worst is not None and worst >= ISOLATION_TARGET
+                       else f"missed: {(1 - worst) * 100:.0f}% lost (target 5%)" if worst is not None
+                       else "not measured")
+            level[phase] = {"median": m, "vs_alone": rel, "latency_vs_alone": slower, "target": verdict}
+            lines.append(f"| {share} | {'none (alone)' if phase == 'alone' else phase} | {fmt(m['web'], 0)} | "
+                         f"{fmt(rel['web'])} | {fmt(m['web_p50_ms'], 1)} | {fmt(m['web_p90_ms'], 1)}, "
+                         f"{fmt(m['web_p99_ms'], 1)} | {fmt(m['web_timeouts'], 0)} | {fmt(m['pg'], 0)} | "
+                         f"{fmt(rel['pg'])} | {fmt(m['pg_lat_ms'], 1)} | {verdict} |")
     return rows, lines
 
 
+def group_bars(ax, xs, series, value_format):
+    """As pair_bars, any number of bars at each of `xs`."""
+    width = 0.8 / len(series)
+    for j, (label, colour, hatch, ys) in enumerate(series):
+        bars = ax.bar([i + (j - (len(series) - 1) / 2) * width for i in range(len(xs))], ys, width,
+                      label=label, color=colour, hatch=hatch, edgecolor="white")
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + b.get_width() / 2, y, format(y, value_format), ha="center", va="bottom",
+                    fontsize=6)
+    ax.set_xticks(range(len(xs)))
+    ax.set_xticklabels(xs, fontsize=8)
+    ax.set_xlabel("antisocial domains running")
+
+
 def plot_fig6rate(rows, path):
-    """As Figure 6, at a fixed load: the good domains' rate relative to the
-    same load alone (left) and how many times their latency grew (right)."""
+    """As Figure 6, at fixed loads: the good domains' rate relative to the
+    same load alone (left) and how many times their latency grew (right,
+    log scale)."""
     plt = pyplot()
     if plt is None:
         return False
-    phases = [p for p in rows if p not in ("alone", "offered", "capacity")]
-    fig, (ax, lat) = plt.subplots(1, 2, figsize=(9.6, 3.4))
-    kinds = (("web", "web (nginx, paced wrk)", "#2b7bba"), ("pg", "PostgreSQL (pgbench -S -R)", "#6a9f3a"))
-    pair_bars(ax, phases, [(label, colour, [rows[p]["vs_alone"][k] or 0 for p in phases])
-                           for k, label, colour in kinds], ".2f")
+    levels = [x for x in rows if x != "capacity"]
+    phases = [p for p in rows[levels[0]] if p not in ("alone", "offered")]
+    fig, (ax, lat) = plt.subplots(1, 2, figsize=(10.4, 3.8))
+    series = [(k, x, f"{name} at {x} of its top rate", colour, "//" if i else "")
+              for i, x in enumerate(levels)
+              for k, name, colour in (("web", "web", "#2b7bba"), ("pg", "PostgreSQL", "#6a9f3a"))]
+    for axis, key, value_format in ((ax, "vs_alone", ".2f"), (lat, "latency_vs_alone", ".1f")):
+        group_bars(axis, phases, [(label, colour, hatch, [rows[x][p][key][k] or 0 for p in phases])
+                                  for k, x, label, colour, hatch in series], value_format)
     ax.axhline(ISOLATION_TARGET, color="black", linewidth=0.6, linestyle="--")
-    ax.set_xticklabels(phases, fontsize=8)
-    ax.set_xlabel("antisocial domains running")
-    ax.set_ylabel("rate kept, relative to alone")
-    ax.legend(fontsize=7, loc="lower right")
-    pair_bars(lat, phases, [(label, colour, [rows[p]["latency_vs_alone"][k] or 0 for p in phases])
-                            for k, label, colour in kinds], ".1f")
+    ax.set_ylabel("rate kept, relative to the same load alone")
+    lat.set_yscale("log")
     lat.axhline(1.0, color="black", linewidth=0.6)
-    lat.set_xticklabels(phases, fontsize=8)
-    lat.set_xlabel("antisocial domains running")
     lat.set_ylabel("latency (web median, pg mean), times alone")
     lat.set_title("latency against the same load alone", fontsize=9)
-    return finish(plt, fig, ax, "Figure 6 at a fixed load: rate and latency (bench/paper)", path)
+    lat.legend(fontsize=7, loc="upper left")
+    return finish(plt, fig, ax, "Figure 6 at fixed loads: the rate kept (bench/paper)", path)
 
 
 def scal_table(exp, cpus):
@@ -307,8 +334,10 @@ def trials_of(name, exp):
     r = exp["runs"]
     if name == "fig5":
         return len(next(iter(r["phases"].values()))["tps"])
-    if name in ("fig6", "fig6rate"):
+    if name == "fig6":
         return len(r["phases"]["alone"])
+    if name == "fig6rate":
+        return min(len(phases["alone"]) for _, phases in fig6rate_levels(r).values())
     if name == "slice":
         # The fewest any arm has at a count above 1: each nested host that
         # takes part measures one clone again, so the one-clone rows hold
@@ -340,15 +369,15 @@ def describe(name, exp, cpus):
                 "and small-file creation in a large directory), forkmem (`stress-ng --fork 8 --vm 2 "
                 "--vm-bytes 100%`: a bounded fork bomb and a memory hog the guest's OOM killer ends), "
                 "net (`iperf3 -P 4` to the nested host).",
-        "fig6rate": lambda: f"{n} trial(s) of {r['seconds']} s: fig6's domains and hogs, the good ones at a "
-                    f"fixed load: in each trial they first run as fast as they go with the hogs paused, then "
-                    f"every phase offers them {r['rate_share']:g} of those rates: web from {r['web_users']} "
-                    "wrk connections, each waiting a random (exponential) think time between requests "
-                    "(SPECweb99's simultaneous users; a slower server also lowers their rate), PostgreSQL "
-                    "from `pgbench -S -R` (a Poisson schedule, latency from each transaction's scheduled "
-                    "start). Equal weights give each of the 4 running domains half of the 2 CPUs; at half "
-                    "their top rate the good ones ask for less. The target compares each phase's rate "
-                    "with the same load alone.",
+        "fig6rate": lambda: f"{n} trial(s) of {r['seconds']} s at each load: fig6's domains and hogs, the good "
+                    "ones at fixed loads: in each trial they first run as fast as they go with the hogs "
+                    f"paused, then every phase offers them {' and '.join(fig6rate_levels(r))} of those rates "
+                    f"in turn: web from {r['web_users']} wrk connections, each waiting a random "
+                    "(exponential) think time between requests (SPECweb99's simultaneous users; a slower "
+                    "server also lowers their rate), PostgreSQL from `pgbench -S -R` (a Poisson schedule, "
+                    "latency from each transaction's scheduled start, so a backlog shows as latency while "
+                    "the rate holds). Equal weights give each of the 4 running domains half of the 2 CPUs. "
+                    "The target compares each phase's rate with the same load alone.",
         "scal": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: up to {r['most']} {clones} (as many as admission "
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
@@ -414,10 +443,13 @@ def cpu_table(name, exp):
         head = f"| environment | N | {CPU_HEAD} | {unit} per vCPU second | {CPU_TAIL}"
         cols = 13
     elif name in ("fig6", "fig6rate"):
-        for phase, runs in res["phases"].items():
-            uses = [r["cpu"] for r in runs if r.get("cpu")]
-            if uses:
-                lines.append(f"| {phase} | " + " | ".join(cpu_cells(uses)) + " |")
+        levels = ({"": res["phases"]} if name == "fig6"
+                  else {f"{x} of the top rate, ": ph for x, (_, ph) in fig6rate_levels(res).items()})
+        for level, phases in levels.items():
+            for phase, runs in phases.items():
+                uses = [r["cpu"] for r in runs if r.get("cpu")]
+                if uses:
+                    lines.append(f"| {level}{phase} | " + " | ".join(cpu_cells(uses)) + " |")
         head = f"| antisocial domains running | {CPU_HEAD} | {CPU_TAIL}"
         cols = 11
     elif name == "fig5":
