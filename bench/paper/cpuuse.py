@@ -14,6 +14,7 @@ import json
 import os
 import time
 
+import kvmstat
 import outer
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -56,6 +57,40 @@ def thread_switches(tid):
     return switches, migrations
 
 
+def thread_wait_s(tid):
+    """Seconds thread `tid` has so far spent runnable but waiting for a
+    CPU (/proc/TID/schedstat's second field; 0 where it cannot be read)."""
+    try:
+        with open(f"/proc/{tid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def halt_poll_s(pid):
+    """Seconds the vCPUs of the VM that VMM process `pid` made have so far
+    spent polling in KVM before halting (halt_poll_success_ns and
+    halt_poll_fail_ns in KVM's debugfs: CPU time that counts as the
+    domain's vCPU time though the guest asked to idle); None where
+    debugfs has no such VM."""
+    try:
+        dirs = [d for d in os.listdir(KVM_DEBUGFS) if d.startswith(f"{pid}-")]
+    except OSError:
+        return None
+    total = None
+    for d in dirs:
+        for name in ("halt_poll_success_ns", "halt_poll_fail_ns"):
+            try:
+                with open(os.path.join(KVM_DEBUGFS, d, name)) as f:
+                    total = (total or 0) + int(f.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+KVM_DEBUGFS = "/sys/kernel/debug/kvm"
+
+
 def sample(dom):
     """The nested host's CPU times and each domain's (by name, Domain-0
     left out) now. A daemon that does not answer leaves the domains out:
@@ -63,13 +98,22 @@ def sample(dom):
     with open("/proc/stat") as f:
         host = host_times(f.readline())
     doms = {}
+    if not os.path.isdir(KVM_DEBUGFS):
+        kvmstat.available()  # mounts debugfs, where KVM's counters are
     try:
         for d in json.loads(dom.domus("list", "--json", check=False) or "[]"):
             if d.get("id") != 0:
-                counts = [thread_switches(t) for t in d.get("vcpu_tids") or []]
+                tids = d.get("vcpu_tids") or []
+                counts = [thread_switches(t) for t in tids]
                 doms[d["name"]] = {"vcpu": d["vcpu_time_s"], "io": d["io_time_s"],
                                    "switches": sum(c[0] for c in counts),
-                                   "migrations": sum(c[1] for c in counts)}
+                                   "migrations": sum(c[1] for c in counts),
+                                   # Runnable, not running: what the
+                                   # scheduler kept it waiting.
+                                   "wait": sum(thread_wait_s(t) for t in tids)}
+                poll = halt_poll_s(d["pid"]) if d.get("pid") else None
+                if poll is not None:
+                    doms[d["name"]]["poll"] = poll
     except (ValueError, KeyError, TypeError, OSError, RuntimeError):
         doms = {}
     return {"t": time.monotonic(), "host": host, "domains": doms, "outer": outer.read()}
@@ -88,7 +132,7 @@ def between(a, b):
     if wall < 1:
         return None
     host = {k: round((b["host"][k] - a["host"][k]) / wall, 3) for k in b["host"]}
-    doms = {name: {k: round((v[k] - a["domains"][name][k]) / wall, 3) for k in v}
+    doms = {name: {k: round((v[k] - a["domains"][name][k]) / wall, 3) for k in v if k in a["domains"][name]}
             for name, v in b["domains"].items() if name in a["domains"]}
     busy = host["guest"] + host["user"] + host["kernel"]
     used = sum(d["vcpu"] + d["io"] for d in doms.values())

@@ -12,7 +12,7 @@ import cpuuse
 import envs
 import workloads
 from envs import say
-from multi import TEMPLATE_MIB, at_once, cpu_note, destroy, domus_of, start_clones, value, wrk
+from multi import TEMPLATE_MIB, at_once, cpu_note, destroy, domus_of, no_reset, start_clones, value, wrk
 
 
 # Figure 6's antisocial domains: each runs its hog in a loop from its
@@ -90,6 +90,7 @@ def phases(run, dom, clones, measures, name, before=None):
                 time.sleep(0 if not hogs else 5)  # the hogs under way
                 for label in envs.rotate(list(measures), t):
                     vals, use = cpuuse.during(dom, lambda: measures[label](t))
+                    no_reset(dom, clones.values(), f"while {name} measured {phase}{label}")
                     vals["cpu"] = use
                     say(f"{name}: trial {t + 1}: {phase}{label}: " + ", ".join(
                         f"{k} {v:.1f}" for k, v in vals.items() if isinstance(v, (int, float)))
@@ -211,8 +212,9 @@ def fig6rate(environments, run):
     script = os.path.join(run.work, "pages.lua")
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
-    capacity, offered = [], []
+    capacity, offered, roles = [], [], {}
     with isolation_clones(dom, run, "isr") as clones:
+        roles.update({role: c.name for role, c in clones.items()})
         def calibrate(t):
             top = flat_out(clones, secs, script, run.quick)
             capacity.append(top)
@@ -223,7 +225,7 @@ def fig6rate(environments, run):
                      {f"@{x:g}": lambda t, x=x: paced(clones, secs, offered[t][str(x)], run.work)
                       for x in RATE_SHARES}, "fig6rate", calibrate)
     return {"template_mib": TEMPLATE_MIB, "seconds": secs, "web_users": WEB_USERS, "capacity": capacity,
-            "offered": offered, "levels": {f"{x:g}": res[f"@{x:g}"] for x in RATE_SHARES}}
+            "offered": offered, "levels": {f"{x:g}": res[f"@{x:g}"] for x in RATE_SHARES}, "clones": roles}
 
 
 WRK_SAMPLE = """Running 10s test @ http://10.0.0.5:8080/
@@ -258,7 +260,10 @@ def _test():
     def trial(web, p50, pg, lat):
         return {"web": web, "web_p50_ms": p50, "web_p90_ms": 2 * p50, "web_p99_ms": 4 * p50,
                 "web_timeouts": 0, "web_errors": 0, "pg": pg, "pg_lat_ms": lat, "pg_sd_ms": 1.0,
-                "pg_lag_ms": 0.1}
+                "pg_lag_ms": 0.1,
+                "cpu": {"domains": {"isr-1": {"vcpu": 0.3, "wait": 0.05, "poll": 0.01},
+                                    "isr-2": {"vcpu": 0.5, "wait": lat / 10},
+                                    "isr-4": {"vcpu": 0.7, "wait": 0.02}}}}
     phases = {p: [trial(150, 2.0, 250, 3.0)] for p in FIG6_PHASES}
     phases["disk"] = [trial(140, 8.0, 249, 6.0)]
     quarter = {p: [trial(75, 1.0, 125, 2.0)] for p in FIG6_PHASES}
@@ -276,11 +281,15 @@ def _test():
     assert lines[9].startswith("| 0.5 | none (alone) | 150 | 1.00 | 2.0 | 4.0, 8.0 | 0 | 250 | 1.00 | 3.0 |"), lines[9]
     assert report_multi.trials_of("fig6rate", rec) == 1
     assert "0.25 and 0.5 of those rates" in report_multi.describe("fig6rate", rec, 2)
+    # The scheduler's table: the good domains' vCPU, waiting and polling
+    # time, the hogs' vCPU; polling n/a where not recorded.
+    sched = lines[lines.index("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |") + 1:]
+    assert len(sched) == 10 and sched[6] == "| 0.5 | disk | 0.30 | 0.05 | 0.01 | 0.50 | 0.60 | n/a | 0.70 |", sched
     # The first record's shape: one load, its phases at the top.
     old = {"runs": {"seconds": 10, "rate_share": 0.5, "web_users": 16, "capacity": rec["runs"]["capacity"],
                     "offered": [{"web": 150.0, "pg": 250.0}], "phases": phases}}
     rows_old, lines_old = report_multi.fig6rate_table(old)
-    assert rows_old["0.5"] == rows["0.5"] and lines_old[2:] == lines[8:], lines_old
+    assert rows_old["0.5"] == rows["0.5"] and lines_old[2:8] == lines[8:14], lines_old
     assert report_multi.trials_of("fig6rate", old) == 1
 
 

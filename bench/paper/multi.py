@@ -454,14 +454,21 @@ def quiet(dom, clones):
     # A clone that reset meanwhile (the platform's triple faults) is busy
     # booting again, and comes back without what its experiment started in
     # it (nginx, PostgreSQL): not one to measure.
+    no_reset(dom, clones, "while resumed")
+    if calm < QUIET_WINDOWS:
+        say(f"{len(clones)} clone(s) still busy {waited:.0f} s after their resume: measuring anyway")
+    return round(waited, 1)
+
+
+def no_reset(dom, clones, when):
+    """Raises envs.Restarted if any of `clones` has reset (the platform's
+    triple faults): it boots again without what its experiment started in
+    it, and what was measured meanwhile is not its work."""
     listed = dom.domains()
     reset = [c.name for c in clones
              if listed and not any(d.get("name") == c.name and d.get("restarts", 0) == 0 for d in listed)]
     if reset:
-        raise envs.Restarted(f"{', '.join(reset)} reset while resumed; {dom.evidence()}")
-    if calm < QUIET_WINDOWS:
-        say(f"{len(clones)} clone(s) still busy {waited:.0f} s after their resume: measuring anyway")
-    return round(waited, 1)
+        raise envs.Restarted(f"{', '.join(reset)} reset {when}; {dom.evidence()}")
 
 
 def resume_quiet(dom, clones):
@@ -712,8 +719,10 @@ def cpu_note(use):
     if not use:
         return ""
     h = use["host"]
-    doms = ", ".join(f"{name} {d['vcpu']:.2f}+{d['io']:.2f}" for name, d in sorted(use["domains"].items())
-                     if d["vcpu"] + d["io"] >= 0.01)
+    doms = ", ".join(f"{name} {d['vcpu']:.2f}+{d['io']:.2f}"
+                     + (f" (waited {d['wait']:.2f}" + (f", polled {d['poll']:.2f}" if "poll" in d else "") + ")"
+                        if "wait" in d else "")
+                     for name, d in sorted(use["domains"].items()) if d["vcpu"] + d["io"] >= 0.01)
     return (f"; CPUs: guest {h['guest']:.2f}, kernel {h['kernel']:.2f}, user {h['user']:.2f}, "
             f"idle {h['idle']:.2f}" + (f"; vCPU+I/O: {doms}" if doms else "")
             + (f"; outside the domains {use['outside']:.2f}" if use["outside"] is not None else "")

@@ -240,7 +240,42 @@ def fig6rate_table(exp):
                          f"{fmt(rel['web'])} | {fmt(m['web_p50_ms'], 1)} | {fmt(m['web_p90_ms'], 1)}, "
                          f"{fmt(m['web_p99_ms'], 1)} | {fmt(m['web_timeouts'], 0)} | {fmt(m['pg'], 0)} | "
                          f"{fmt(rel['pg'])} | {fmt(m['pg_lat_ms'], 1)} | {verdict} |")
-    return rows, lines
+    return rows, lines + fig6rate_sched(res)
+
+
+# fig6rate's clones by role, where its record does not say (the first
+# record's: isolation_clones makes them in this order).
+FIG6RATE_CLONES = {"web": "isr-1", "pg": "isr-2", "disk": "isr-3", "forkmem": "isr-4", "net": "isr-5"}
+
+
+def fig6rate_sched(res):
+    """How the nested host's scheduler treated the good domains at each
+    load and phase (medians, in CPUs): their vCPU time, the time their
+    vCPU threads were runnable but waited for a CPU, and KVM's halt
+    polling inside their vCPU time; and the hogs' vCPU time."""
+    roles = res.get("clones") or FIG6RATE_CLONES
+    lines = ["", "How the nested host's scheduler treated the good domains (CPUs: seconds per second, "
+             "medians): each one's vCPU time, the time its vCPU thread was runnable but waiting for a "
+             "CPU (/proc/TID/schedstat), and how much of its vCPU time KVM spent polling before a "
+             "halt (its debugfs counters; n/a where the run did not record them); and the running "
+             "hogs' vCPU time.", "",
+             "| load | antisocial domains running | web vCPU | web waiting | web polling | PostgreSQL vCPU "
+             "| PostgreSQL waiting | PostgreSQL polling | hogs' vCPU |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for share, (_, phases) in fig6rate_levels(res).items():
+        for phase, runs in phases.items():
+            uses = [r["cpu"] for r in runs if r.get("cpu")]
+            if not uses:
+                continue
+
+            def of(role, key):
+                return fmt(med_of(uses, lambda u: u["domains"].get(roles[role], {}).get(key)))
+            hogs = fmt(med_of(uses, lambda u: sum(u["domains"].get(roles[h], {}).get("vcpu", 0)
+                                                    for h in ("disk", "forkmem", "net"))))
+            lines.append(f"| {share} | {phase} | " + " | ".join(of(r, k) for r in ("web", "pg")
+                                                                for k in ("vcpu", "wait", "poll"))
+                         + f" | {hogs} |")
+    return lines if len(lines) > 5 else []
 
 
 def group_bars(ax, xs, series, value_format):
