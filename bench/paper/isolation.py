@@ -89,8 +89,14 @@ def phases(run, dom, clones, measures, name, before=None):
             try:
                 time.sleep(0 if not hogs else 5)  # the hogs under way
                 for label in envs.rotate(list(measures), t):
-                    vals, use = cpuuse.during(dom, lambda: measures[label](t))
-                    no_reset(dom, clones.values(), f"while {name} measured {phase}{label}")
+                    when = f"while {name} measured {phase}{label}"
+                    try:
+                        vals, use = cpuuse.during(dom, lambda: measures[label](t))
+                    except Exception:
+                        # A server that went away with its clone: say so.
+                        no_reset(dom, clones.values(), when)
+                        raise
+                    no_reset(dom, clones.values(), when)
                     vals["cpu"] = use
                     say(f"{name}: trial {t + 1}: {phase}{label}: " + ", ".join(
                         f"{k} {v:.1f}" for k, v in vals.items() if isinstance(v, (int, float)))
