@@ -43,6 +43,42 @@ GOOD = ["web", "pg"]
 # halt are emulated exits here): at half its rate PostgreSQL's vCPU still
 # used 0.63 of a CPU. A quarter asks for less than the share.
 RATE_SHARES = (0.25, 0.5)
+# Beside the hogs the good vCPU threads waited for a CPU as long as they
+# ran (2026-11-30): each wake-up queues behind a hog's slice. A third arm
+# offers half the top rates with the nested host's EEVDF base slice
+# (which every entity, each domain's cgroup too, is given on Linux 6.12)
+# cut to this, to see how much of the loss a shorter slice wins back.
+SHORT_SLICE_NS = 200_000
+BASE_SLICE = "/sys/kernel/debug/sched/base_slice_ns"
+
+
+def arms():
+    """fig6rate's arms: {label: (share of the top rates, base slice in ns
+    or None for the kernel's own)}."""
+    out = {f"{x:g}": (x, None) for x in RATE_SHARES}
+    out[f"{RATE_SHARES[-1]:g}, base slice {SHORT_SLICE_NS / 1e6:g} ms"] = (RATE_SHARES[-1], SHORT_SLICE_NS)
+    return out
+
+
+@contextlib.contextmanager
+def base_slice(ns):
+    """The nested host's EEVDF base slice at `ns` (None: left alone) for
+    the block; the slice it had, or None, is what the block gets."""
+    if ns is None:
+        yield None
+        return
+    if not os.path.exists(BASE_SLICE):
+        subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(BASE_SLICE) as f:
+        was = int(f.read().strip())
+    with open(BASE_SLICE, "w") as f:
+        f.write(str(ns))
+    try:
+        yield was
+    finally:
+        with open(BASE_SLICE, "w") as f:
+            f.write(str(was))
 # The web load's users: wrk connections, each waiting a random
 # (exponential) think time between its requests, its mean set so that
 # they offer the rate asked for (SPECweb99's simultaneous connections).
@@ -218,20 +254,30 @@ def fig6rate(environments, run):
     script = os.path.join(run.work, "pages.lua")
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
-    capacity, offered, roles = [], [], {}
+    capacity, offered, roles, slices = [], [], {}, {}
     with isolation_clones(dom, run, "isr") as clones:
         roles.update({role: c.name for role, c in clones.items()})
+
         def calibrate(t):
             top = flat_out(clones, secs, script, run.quick)
             capacity.append(top)
-            offered.append({str(share): {k: v * share for k, v in top.items()} for share in RATE_SHARES})
+            offered.append({label: {k: v * share for k, v in top.items()} for label, (share, _) in arms().items()})
             say(f"fig6rate: trial {t + 1}: alone as fast as they go: web {top['web']:.0f} req/s, "
                 f"pg {top['pg']:.0f} tps; offering {' and '.join(f'{x:g}' for x in RATE_SHARES)} of that")
-        res = phases(run, dom, clones,
-                     {f"@{x:g}": lambda t, x=x: paced(clones, secs, offered[t][str(x)], run.work)
-                      for x in RATE_SHARES}, "fig6rate", calibrate)
+
+        def arm(label, ns):
+            def measure(t):
+                with base_slice(ns) as was:
+                    if was is not None:
+                        slices["default_ns"] = was
+                    return paced(clones, secs, offered[t][label], run.work)
+            return measure
+        res = phases(run, dom, clones, {f"@{label}": arm(label, ns) for label, (_, ns) in arms().items()},
+                     "fig6rate", calibrate)
     return {"template_mib": TEMPLATE_MIB, "seconds": secs, "web_users": WEB_USERS, "capacity": capacity,
-            "offered": offered, "levels": {f"{x:g}": res[f"@{x:g}"] for x in RATE_SHARES}, "clones": roles}
+            "offered": offered, "levels": {label: res[f"@{label}"] for label in arms()}, "clones": roles,
+            "arms": {label: {"share": share, "base_slice_ns": ns} for label, (share, ns) in arms().items()},
+            **slices}
 
 
 WRK_SAMPLE = """Running 10s test @ http://10.0.0.5:8080/
@@ -291,6 +337,23 @@ def _test():
     # time, the hogs' vCPU; polling n/a where not recorded.
     sched = lines[lines.index("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |") + 1:]
     assert len(sched) == 10 and sched[6] == "| 0.5 | disk | 0.30 | 0.05 | 0.01 | 0.50 | 0.60 | n/a | 0.70 |", sched
+    # An arm with the nested host's base slice set: its offered row says so.
+    rec["runs"]["levels"]["0.5, base slice 0.2 ms"] = phases
+    rec["runs"]["offered"][0]["0.5, base slice 0.2 ms"] = rec["runs"]["offered"][0]["0.5"]
+    rec["runs"]["arms"] = {k: {"share": float(k.split(",")[0]), "base_slice_ns": 200000 if "," in k else None}
+                           for k in rec["runs"]["levels"]}
+    rec["runs"]["default_ns"] = 1400000
+    _, arm_lines = report_multi.fig6rate_table(rec)
+    assert arm_lines[:14] == lines[:14] and arm_lines[14].startswith(
+        "| 0.5 of the rate alone as fast as they go (300 req/s, 500 tps), the nested host's base slice at 0.2 ms "
+        "(default 1.40 ms) | offered | 150 |"), arm_lines[14]
+    assert "base slice sets" in report_multi.describe("fig6rate", rec, 2)
+    assert "0.25 and 0.5 of those rates" in report_multi.describe("fig6rate", rec, 2)
+    if os.environ.get("FIG6RATE_PLOT"):
+        rows, _ = report_multi.fig6rate_table(rec)
+        report_multi.plot_fig6rate(rows, os.environ["FIG6RATE_PLOT"])
+    del rec["runs"]["levels"]["0.5, base slice 0.2 ms"]
+    assert "base slice" not in report_multi.describe("fig6rate", {"runs": dict(rec["runs"], arms={})}, 2)
     # The first record's shape: one load, its phases at the top.
     old = {"runs": {"seconds": 10, "rate_share": 0.5, "web_users": 16, "capacity": rec["runs"]["capacity"],
                     "offered": [{"web": 150.0, "pg": 250.0}], "phases": phases}}
