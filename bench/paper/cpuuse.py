@@ -18,6 +18,7 @@ import kvmstat
 import outer
 
 HZ = os.sysconf("SC_CLK_TCK")
+KVM_DEBUGFS = kvmstat.ROOT
 
 
 def host_times(line):
@@ -86,9 +87,6 @@ def halt_poll_s(pid):
             except (OSError, ValueError, IndexError):
                 pass
     return total
-
-
-KVM_DEBUGFS = "/sys/kernel/debug/kvm"
 
 
 def sample(dom):

@@ -41,7 +41,7 @@ GOOD = ["web", "pg"]
 # PostgreSQL 0.78 of a CPU on 2026-11-30), but a request that finds its
 # vCPU halted costs more than one that finds it busy (the wake-up and the
 # halt are emulated exits here): at half its rate PostgreSQL's vCPU still
-# used 0.63 of a CPU. A quarter asks for less than the share.
+# used 0.63 of a CPU, at a quarter 0.55, about its share.
 RATE_SHARES = (0.25, 0.5)
 # Beside the hogs the good vCPU threads waited for a CPU as long as they
 # ran (2026-11-30): each wake-up queues behind a hog's slice. A third arm
@@ -79,6 +79,8 @@ def base_slice(ns):
     finally:
         with open(BASE_SLICE, "w") as f:
             f.write(str(was))
+
+
 # The web load's users: wrk connections, each waiting a random
 # (exponential) think time between its requests, its mean set so that
 # they offer the rate asked for (SPECweb99's simultaneous connections).
