@@ -42,10 +42,12 @@ Experiments (names for --only):
   fig6     Figure 6 (section 4.4): two good clones (web, PostgreSQL) alone
            and beside antisocial ones (disk, fork and memory, network
            hogs; Domus only);
-  fig6rate Figure 6 at a fixed load, as the paper's: the good clones
-           first as fast as they go alone, then at half that rate (wrk
-           connections with think times, pgbench -R) alone and beside each
-           hog; the rate they keep and their latency (Domus only);
+  fig6rate Figure 6 at fixed loads, as the paper's: the good clones
+           first as fast as they go alone, then at a quarter and a half of
+           that (wrk connections with think times, pgbench -R), and at a
+           half with the nested host's base slice at 0.2 ms, alone and
+           beside each hog; the rate they keep, their latency and their
+           vCPUs' wait for a CPU (isolation.py; Domus only);
   scal     section 4.5: up to 128 clones (as many as the nested host
            admits) running sysbench cpu at once, against as many native
            processes; memory per idle clone.
