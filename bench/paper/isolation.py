@@ -321,7 +321,8 @@ def _test():
     phases = {p: [trial(150, 2.0, 250, 3.0)] for p in FIG6_PHASES}
     phases["disk"] = [trial(140, 8.0, 249, 6.0)]
     quarter = {p: [trial(75, 1.0, 125, 2.0)] for p in FIG6_PHASES}
-    rec = {"runs": {"seconds": 10, "web_users": 16, "template_mib": 320,
+    rec = {"runs": {"seconds": 10, "web_users": 16, "template_mib": 320, "clones": dict(
+                        zip(GOOD + list(HOGS), [f"isr-{i}" for i in range(1, 6)])),
                     "capacity": [{"web": 300.0, "pg": 500.0}],
                     "offered": [{"0.25": {"web": 75.0, "pg": 125.0}, "0.5": {"web": 150.0, "pg": 250.0}}],
                     "levels": {"0.25": quarter, "0.5": phases}}}
@@ -356,12 +357,6 @@ def _test():
         report_multi.plot_fig6rate(rows, os.environ["FIG6RATE_PLOT"])
     del rec["runs"]["levels"]["0.5, base slice 0.2 ms"]
     assert "base slice" not in report_multi.describe("fig6rate", {"runs": dict(rec["runs"], arms={})}, 2)
-    # The first record's shape: one load, its phases at the top.
-    old = {"runs": {"seconds": 10, "rate_share": 0.5, "web_users": 16, "capacity": rec["runs"]["capacity"],
-                    "offered": [{"web": 150.0, "pg": 250.0}], "phases": phases}}
-    rows_old, lines_old = report_multi.fig6rate_table(old)
-    assert rows_old["0.5"] == rows["0.5"] and lines_old[2:8] == lines[8:14], lines_old
-    assert report_multi.trials_of("fig6rate", old) == 1
 
 
 if __name__ == "__main__":

@@ -198,11 +198,8 @@ def plot_fig6(rows, path):
 
 
 def fig6rate_levels(res):
-    """A fig6rate record's loads: {share: (offered per trial, {phase:
-    [values]})}. The first record (2026-11-30) had one load, `rate_share`."""
-    if "levels" not in res:
-        share = f"{res['rate_share']:g}"
-        return {share: ([o for o in res["offered"]], res["phases"])}
+    """A fig6rate record's loads: {label: (offered per trial, {phase:
+    [values]})}."""
     return {x: ([o[x] for o in res["offered"]], ph) for x, ph in res["levels"].items()}
 
 
@@ -252,17 +249,12 @@ def fig6rate_table(exp):
     return rows, lines + fig6rate_sched(res)
 
 
-# fig6rate's clones by role, where its record does not say (the first
-# record's: isolation_clones makes them in this order).
-FIG6RATE_CLONES = {"web": "isr-1", "pg": "isr-2", "disk": "isr-3", "forkmem": "isr-4", "net": "isr-5"}
-
-
 def fig6rate_sched(res):
     """How the nested host's scheduler treated the good domains at each
     load and phase (medians, in CPUs): their vCPU time, the time their
     vCPU threads were runnable but waited for a CPU, and KVM's halt
     polling inside their vCPU time; and the hogs' vCPU time."""
-    roles = res.get("clones") or FIG6RATE_CLONES
+    roles = res["clones"]
     lines = ["", "How the nested host's scheduler treated the good domains (CPUs: seconds per second, "
              "medians): each one's vCPU time, the time its vCPU thread was runnable but waiting for a "
              "CPU (/proc/TID/schedstat), and how much of its vCPU time KVM spent polling before a "
@@ -423,7 +415,8 @@ def describe(name, exp, cpus):
                     "(exponential) think time between requests (SPECweb99's simultaneous users; a slower "
                     "server also lowers their rate), PostgreSQL from `pgbench -S -R` (a Poisson schedule, "
                     "latency from each transaction's scheduled start, so a backlog shows as latency while "
-                    "the rate holds). Equal weights give each of the 4 running domains half of the 2 CPUs. "
+                    "the rate holds). Equal weights give each running domain an equal part of the 2 CPUs "
+                    "(two thirds beside one hog, a half beside two). "
                     "The target compares each phase's rate with the same load alone."
                     + (" The arm with a base slice sets the nested host's EEVDF base slice "
                        "(/sys/kernel/debug/sched/base_slice_ns, which on Linux 6.12 every entity gets, each "
