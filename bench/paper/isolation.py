@@ -1,7 +1,7 @@
 """bench/paper's Figure 6 (the paper's section 4.4), performance
 isolation: two good clones measured alone and beside antisocial ones
-(multi.py's clones), as fast as they go (fig6) and at a fixed load below
-their CPU share (fig6rate)."""
+(multi.py's clones), as fast as they go (fig6) and at fixed loads
+(fig6rate)."""
 import contextlib
 import os
 import re
