@@ -230,7 +230,8 @@ def fig6rate_table(exp):
         lines.append(f"| {arm.get('share', share)} of the rate alone as fast as they go ({fmt(top['web'], 0)} "
                      f"req/s, {fmt(top['pg'], 0)} tps)"
                      + (f", the nested host's base slice at {arm['base_slice_ns'] / 1e6:g} ms (default "
-                        f"{res.get('default_ns', 0) / 1e6:.2f} ms)" if arm.get("base_slice_ns") else "")
+                        f"{res.get('default_ns', 0) / 1e6:.2f} ms)" + (" with HRTICK" if arm.get("hrtick") else "")
+                        if arm.get("base_slice_ns") else "")
                      + f" | offered | {fmt(offered['web'], 0)} | | | | | {fmt(offered['pg'], 0)} | | | |")
         for phase, runs in phases.items():
             m = {k: med([r[k] for r in runs if r.get(k) is not None])
@@ -420,9 +421,10 @@ def describe(name, exp, cpus):
                     "The target compares each phase's rate with the same load alone."
                     + (" The arm with a base slice sets the nested host's EEVDF base slice "
                        "(/sys/kernel/debug/sched/base_slice_ns, which on Linux 6.12 every entity gets, each "
-                       "domain's cgroup too) for its measurements only: how much a waking vCPU's wait behind "
-                       "a hog's slice costs." if any(a.get("base_slice_ns") for a in r.get("arms", {}).values())
-                       else ""),
+                       "domain's cgroup too), and the scheduler's HRTICK feature so that slices end on time "
+                       "rather than at the next tick, for its measurements only: how much a waking vCPU's "
+                       "wait behind a hog's slice costs."
+                       if any(a.get("base_slice_ns") for a in r.get("arms", {}).values()) else ""),
         "scal": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: up to {r['most']} {clones} (as many as admission "
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
