@@ -6,7 +6,6 @@ import contextlib
 import os
 import re
 import subprocess
-import tempfile
 import time
 
 import cpuuse
@@ -44,57 +43,10 @@ GOOD = ["web", "pg"]
 # halt are emulated exits here): at half its rate PostgreSQL's vCPU still
 # used 0.63 of a CPU, at a quarter 0.55, about its share.
 RATE_SHARES = (0.25, 0.5)
-# Beside the hogs the good vCPU threads waited for a CPU as long as they
-# ran (2026-11-30). A third arm offers half the top rates with the nested
-# host's EEVDF base slice (which every entity, each domain's cgroup too,
-# is given on Linux 6.12) cut to this and the scheduler's HRTICK feature
-# on, so that a slice ends when it should and not at the next tick (4 ms
-# at Debian's 250 Hz): the same slice without HRTICK did not shorten the
-# wait (RUNS.md, 2026-11-30 morning).
-SHORT_SLICE_NS = 200_000
-SCHED_DEBUG = "/sys/kernel/debug/sched"
-
-
-def arms():
-    """fig6rate's arms: {label: (share of the top rates, base slice in ns
-    with HRTICK on, or None for the kernel's own settings)}."""
-    out = {f"{x:g}": (x, None) for x in RATE_SHARES}
-    out[f"{RATE_SHARES[-1]:g}, base slice {SHORT_SLICE_NS / 1e6:g} ms with HRTICK"] = (RATE_SHARES[-1],
-                                                                                      SHORT_SLICE_NS)
-    return out
-
-
-def _write(name, value):
-    with open(os.path.join(SCHED_DEBUG, name), "w") as f:
-        f.write(value)
-
-
-@contextlib.contextmanager
-def short_slices(ns):
-    """The nested host's EEVDF base slice at `ns` with HRTICK on (None:
-    both left alone) for the block, put back after. The block gets the
-    base slice it had and whether HRTICK could be set (None, None when
-    left alone)."""
-    if ns is None:
-        yield None, None
-        return
-    if not os.path.exists(SCHED_DEBUG):
-        subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(SCHED_DEBUG, "base_slice_ns")) as f:
-        was = int(f.read().strip())
-    with open(os.path.join(SCHED_DEBUG, "features")) as f:
-        features = f.read().split()
-    _write("base_slice_ns", str(ns))
-    hrtick = "HRTICK" in features or "NO_HRTICK" in features
-    try:
-        if "NO_HRTICK" in features:
-            _write("features", "HRTICK")
-        yield was, hrtick
-    finally:
-        if "NO_HRTICK" in features:
-            _write("features", "NO_HRTICK")
-        _write("base_slice_ns", str(was))
+# (A third arm at half the top rates with the nested host's base slice
+# at 0.2 ms, with and without HRTICK, did not shorten the good vCPUs'
+# wait and cost them more beside the hogs: RUNS.md, 2026-11-30 morning;
+# dropped.)
 
 
 # The web load's users: wrk connections, each waiting a random
@@ -272,32 +224,22 @@ def fig6rate(environments, run):
     script = os.path.join(run.work, "pages.lua")
     with open(script, "w") as f:
         f.write(workloads.WRK_SCRIPT)
-    capacity, offered, roles, slices = [], [], {}, {}
+    capacity, offered, roles = [], [], {}
     with isolation_clones(dom, run, "isr") as clones:
         roles.update({role: c.name for role, c in clones.items()})
 
         def calibrate(t):
             top = flat_out(clones, secs, script, run.quick)
             capacity.append(top)
-            offered.append({label: {k: v * share for k, v in top.items()} for label, (share, _) in arms().items()})
+            offered.append({f"{x:g}": {k: v * x for k, v in top.items()} for x in RATE_SHARES})
             say(f"fig6rate: trial {t + 1}: alone as fast as they go: web {top['web']:.0f} req/s, "
                 f"pg {top['pg']:.0f} tps; offering {' and '.join(f'{x:g}' for x in RATE_SHARES)} of that")
 
-        def arm(label, ns):
-            def measure(t):
-                with short_slices(ns) as (was, hrtick):
-                    if was is None:
-                        return paced(clones, secs, offered[t][label], run.work)
-                    slices["default_ns"] = was
-                    return dict(paced(clones, secs, offered[t][label], run.work), hrtick=hrtick)
-            return measure
-        res = phases(run, dom, clones, {f"@{label}": arm(label, ns) for label, (_, ns) in arms().items()},
-                     "fig6rate", calibrate)
+        res = phases(run, dom, clones,
+                     {f"@{x:g}": lambda t, x=x: paced(clones, secs, offered[t][f"{x:g}"], run.work)
+                      for x in RATE_SHARES}, "fig6rate", calibrate)
     return {"template_mib": TEMPLATE_MIB, "seconds": secs, "web_users": WEB_USERS, "capacity": capacity,
-            "offered": offered, "levels": {label: res[f"@{label}"] for label in arms()}, "clones": roles,
-            "arms": {label: {"share": share, "base_slice_ns": ns, "hrtick": ns is not None}
-                     for label, (share, ns) in arms().items()},
-            **slices}
+            "offered": offered, "levels": {f"{x:g}": res[f"@{x:g}"] for x in RATE_SHARES}, "clones": roles}
 
 
 WRK_SAMPLE = """Running 10s test @ http://10.0.0.5:8080/
@@ -358,44 +300,6 @@ def _test():
     # time, the hogs' vCPU; polling n/a where not recorded.
     sched = lines[lines.index("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |") + 1:]
     assert len(sched) == 10 and sched[6] == "| 0.5 | disk | 0.30 | 0.05 | 0.01 | 0.50 | 0.60 | n/a | 0.70 |", sched
-    # An arm with the nested host's base slice set: its offered row says so.
-    arm = "0.5, base slice 0.2 ms with HRTICK"
-    assert arm in arms()
-    rec["runs"]["levels"][arm] = phases
-    rec["runs"]["offered"][0][arm] = rec["runs"]["offered"][0]["0.5"]
-    rec["runs"]["arms"] = {k: {"share": float(k.split(",")[0]), "base_slice_ns": 200000 if "," in k else None,
-                               "hrtick": "," in k} for k in rec["runs"]["levels"]}
-    rec["runs"]["default_ns"] = 1400000
-    _, arm_lines = report_multi.fig6rate_table(rec)
-    assert arm_lines[:14] == lines[:14] and arm_lines[14].startswith(
-        "| 0.5 of the rate alone as fast as they go (300 req/s, 500 tps), the nested host's base slice at 0.2 ms "
-        "(default 1.40 ms) with HRTICK | offered | 150 |"), arm_lines[14]
-    assert "base slice sets" in report_multi.describe("fig6rate", rec, 2)
-    assert "0.25 and 0.5 of those rates" in report_multi.describe("fig6rate", rec, 2)
-    if os.environ.get("FIG6RATE_PLOT"):
-        rows, _ = report_multi.fig6rate_table(rec)
-        report_multi.plot_fig6rate(rows, os.environ["FIG6RATE_PLOT"])
-    del rec["runs"]["levels"][arm]
-    # The short-slice arm's settings, on a stand-in for the scheduler's
-    # debugfs directory: set for the block, put back after.
-    global SCHED_DEBUG
-    real = SCHED_DEBUG
-    with tempfile.TemporaryDirectory() as d:
-        SCHED_DEBUG = d
-        try:
-            _write("base_slice_ns", "1400000\n")
-            _write("features", "GENTLE_FAIR_SLEEPERS NO_HRTICK RUN_TO_PARITY\n")
-            with short_slices(None) as got:
-                assert got == (None, None)
-            with short_slices(200000) as got:
-                assert got == (1400000, True), got
-                assert open(os.path.join(d, "base_slice_ns")).read() == "200000"
-                assert open(os.path.join(d, "features")).read() == "HRTICK"
-            assert open(os.path.join(d, "base_slice_ns")).read() == "1400000"
-            assert open(os.path.join(d, "features")).read() == "NO_HRTICK"
-        finally:
-            SCHED_DEBUG = real
-    assert "base slice" not in report_multi.describe("fig6rate", {"runs": dict(rec["runs"], arms={})}, 2)
 
 
 if __name__ == "__main__":

@@ -203,12 +203,6 @@ def fig6rate_levels(res):
     return {x: ([o[x] for o in res["offered"]], ph) for x, ph in res["levels"].items()}
 
 
-def fig6rate_shares(res):
-    """The shares of the top rates a fig6rate record offered, in order."""
-    shares = [f"{a['share']:g}" for a in res.get("arms", {}).values()] or list(fig6rate_levels(res))
-    return list(dict.fromkeys(shares))
-
-
 def fig6rate_table(exp):
     """Figure 6 at a fixed load (isolation.fig6rate): at each load, each
     good domain's rate and latency per phase, medians over trials, the
@@ -226,13 +220,9 @@ def fig6rate_table(exp):
         offered = {k: med([o[k] for o in offers]) for k in FIG6_UNITS}
         alone = {k: med([r[k] for r in phases["alone"]]) for k in ("web", "pg", *lat.values())}
         level = rows[share] = {"offered": offered}
-        arm = res.get("arms", {}).get(share, {})
-        lines.append(f"| {arm.get('share', share)} of the rate alone as fast as they go ({fmt(top['web'], 0)} "
-                     f"req/s, {fmt(top['pg'], 0)} tps)"
-                     + (f", the nested host's base slice at {arm['base_slice_ns'] / 1e6:g} ms (default "
-                        f"{res.get('default_ns', 0) / 1e6:.2f} ms)" + (" with HRTICK" if arm.get("hrtick") else "")
-                        if arm.get("base_slice_ns") else "")
-                     + f" | offered | {fmt(offered['web'], 0)} | | | | | {fmt(offered['pg'], 0)} | | | |")
+        lines.append(f"| {share} of the rate alone as fast as they go ({fmt(top['web'], 0)} req/s, "
+                     f"{fmt(top['pg'], 0)} tps) | offered | {fmt(offered['web'], 0)} | | | | | "
+                     f"{fmt(offered['pg'], 0)} | | | |")
         for phase, runs in phases.items():
             m = {k: med([r[k] for r in runs if r.get(k) is not None])
                  for k in ("web", "pg", "web_p90_ms", "web_p99_ms", "web_timeouts", *lat.values())}
@@ -294,7 +284,7 @@ def group_bars(ax, xs, series, value_format):
     ax.set_xlabel("antisocial domains running")
 
 
-HATCHES = ("", "//", "xx")
+HATCHES = ("", "//")
 
 
 def plot_fig6rate(rows, path):
@@ -307,7 +297,7 @@ def plot_fig6rate(rows, path):
     levels = [x for x in rows if x != "capacity"]
     phases = [p for p in rows[levels[0]] if p not in ("alone", "offered")]
     fig, (ax, lat) = plt.subplots(1, 2, figsize=(12, 4.2))
-    series = [(k, x, f"{name} at {x}" + ("" if "slice" in x else " of its top rate"), colour, HATCHES[i % 3])
+    series = [(k, x, f"{name} at {x} of its top rate", colour, HATCHES[i % len(HATCHES)])
               for i, x in enumerate(levels)
               for k, name, colour in (("web", "web", "#2b7bba"), ("pg", "PostgreSQL", "#6a9f3a"))]
     for axis, key, value_format in ((ax, "vs_alone", ".2f"), (lat, "latency_vs_alone", ".1f")):
@@ -411,20 +401,14 @@ def describe(name, exp, cpus):
                 "net (`iperf3 -P 4` to the nested host).",
         "fig6rate": lambda: f"{n} trial(s) of {r['seconds']} s at each load: fig6's domains and hogs, the good "
                     "ones at fixed loads: in each trial they first run as fast as they go with the hogs "
-                    f"paused, then every phase offers them {' and '.join(fig6rate_shares(r))} of those rates "
+                    f"paused, then every phase offers them {' and '.join(fig6rate_levels(r))} of those rates "
                     f"in turn: web from {r['web_users']} wrk connections, each waiting a random "
                     "(exponential) think time between requests (SPECweb99's simultaneous users; a slower "
                     "server also lowers their rate), PostgreSQL from `pgbench -S -R` (a Poisson schedule, "
                     "latency from each transaction's scheduled start, so a backlog shows as latency while "
                     "the rate holds). Equal weights give each running domain an equal part of the 2 CPUs "
                     "(two thirds beside one hog, a half beside two). "
-                    "The target compares each phase's rate with the same load alone."
-                    + (" The arm with a base slice sets the nested host's EEVDF base slice "
-                       "(/sys/kernel/debug/sched/base_slice_ns, which on Linux 6.12 every entity gets, each "
-                       "domain's cgroup too), and the scheduler's HRTICK feature so that slices end on time "
-                       "rather than at the next tick, for its measurements only: how much a waking vCPU's "
-                       "wait behind a hog's slice costs."
-                       if any(a.get("base_slice_ns") for a in r.get("arms", {}).values()) else ""),
+                    "The target compares each phase's rate with the same load alone.",
         "scal": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: up to {r['most']} {clones} (as many as admission "
                 "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "

@@ -44,9 +44,7 @@ Experiments (names for --only):
            hogs; Domus only);
   fig6rate Figure 6 at fixed loads, as the paper's: the good clones
            first as fast as they go alone, then at a quarter and a half of
-           that (wrk connections with think times, pgbench -R), and at a
-           half with the nested host's base slice at 0.2 ms and HRTICK
-           on, alone and
+           that (wrk connections with think times, pgbench -R), alone and
            beside each hog; the rate they keep, their latency and their
            vCPUs' wait for a CPU (isolation.py; Domus only);
   scal     section 4.5: up to 128 clones (as many as the nested host
