@@ -68,18 +68,14 @@ def thread_wait_s(tid):
         return 0.0
 
 
-def halt_poll_s(pid):
+def halt_poll_s(pid, vms):
     """Seconds the vCPUs of the VM that VMM process `pid` made have so far
     spent polling in KVM before halting (halt_poll_success_ns and
     halt_poll_fail_ns in KVM's debugfs: CPU time that counts as the
     domain's vCPU time though the guest asked to idle); None where
-    debugfs has no such VM."""
-    try:
-        dirs = [d for d in os.listdir(KVM_DEBUGFS) if d.startswith(f"{pid}-")]
-    except OSError:
-        return None
+    debugfs has no such VM. `vms`: KVM's debugfs directory listing."""
     total = None
-    for d in dirs:
+    for d in (d for d in vms if d.startswith(f"{pid}-")):
         for name in ("halt_poll_success_ns", "halt_poll_fail_ns"):
             try:
                 with open(os.path.join(KVM_DEBUGFS, d, name)) as f:
@@ -99,6 +95,10 @@ def sample(dom):
     if not os.path.isdir(KVM_DEBUGFS):
         kvmstat.available()  # mounts debugfs, where KVM's counters are
     try:
+        vms = os.listdir(KVM_DEBUGFS)
+    except OSError:
+        vms = []
+    try:
         for d in json.loads(dom.domus("list", "--json", check=False) or "[]"):
             if d.get("id") != 0:
                 tids = d.get("vcpu_tids") or []
@@ -109,7 +109,7 @@ def sample(dom):
                                    # Runnable, not running: what the
                                    # scheduler kept it waiting.
                                    "wait": sum(thread_wait_s(t) for t in tids)}
-                poll = halt_poll_s(d["pid"]) if d.get("pid") else None
+                poll = halt_poll_s(d["pid"], vms) if d.get("pid") else None
                 if poll is not None:
                     doms[d["name"]]["poll"] = poll
     except (ValueError, KeyError, TypeError, OSError, RuntimeError):

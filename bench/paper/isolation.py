@@ -114,6 +114,14 @@ def phases(run, dom, clones, measures, name, before=None):
     return res
 
 
+def pages_script(work):
+    """WRK_SCRIPT, the web workload's request mix, in a file for wrk."""
+    script = os.path.join(work, "pages.lua")
+    with open(script, "w") as f:
+        f.write(workloads.WRK_SCRIPT)
+    return script
+
+
 def flat_out(clones, secs, script, quick):
     """The good domains as fast as they go, at once: web's requests/s
     under wrk (4 connections), PostgreSQL's pgbench -S transactions/s."""
@@ -133,9 +141,7 @@ def fig6(environments, run):
     to alone."""
     dom = domus_of(environments)
     secs = 10 if run.quick else 20
-    script = os.path.join(run.work, "pages.lua")
-    with open(script, "w") as f:
-        f.write(workloads.WRK_SCRIPT)
+    script = pages_script(run.work)
     with isolation_clones(dom, run, "iso") as clones:
         res = phases(run, dom, clones, {"": lambda t: flat_out(clones, secs, script, run.quick)}, "fig6")
     return {"template_mib": TEMPLATE_MIB, "seconds": secs, "phases": res[""]}
@@ -158,7 +164,7 @@ def parse_wrk_paced(out):
     """wrk --latency's requests/s, its latency percentiles (ms) and its
     socket errors (timeouts and others, which a fixed load counts as
     requests not served). None where it printed no rate."""
-    m = re.search(r"Requests/sec:\s*([0-9.]+)", out)
+    m = workloads.WRK_RATE.search(out)
     if m is None:
         return None
     vals = {"rate": float(m.group(1)), "timeouts": 0, "errors": 0}
@@ -173,14 +179,9 @@ def parse_wrk_paced(out):
 
 def wrk_paced(ip, secs, script):
     """wrk with a paced script against the web clone: parse_wrk_paced's
-    values. A non-2xx answer fails it, as in `multi.wrk`."""
-    cmd = ["wrk", "-t", "1", "-c", str(WEB_USERS), "-d", f"{secs}s", "--latency", "-s", script,
-           f"http://{ip}:{workloads.WEB_PORT}/"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
-    vals = parse_wrk_paced(r.stdout)
-    if r.returncode != 0 or vals is None or "Non-2xx" in r.stdout:
-        raise RuntimeError(f"paced wrk against {ip} failed ({r.returncode}): {r.stdout[-500:]}{r.stderr[-500:]}")
-    return vals
+    values (workloads.wrk_output fails it as it fails every wrk)."""
+    return parse_wrk_paced(workloads.wrk_output(ip, workloads.WEB_PORT, 1, WEB_USERS, secs, script, secs + 120,
+                                                ["--latency"]))
 
 
 def pg_paced(rate, secs):
@@ -221,9 +222,7 @@ def fig6rate(environments, run):
     same fixed load alone."""
     dom = domus_of(environments)
     secs = 10 if run.quick else 20
-    script = os.path.join(run.work, "pages.lua")
-    with open(script, "w") as f:
-        f.write(workloads.WRK_SCRIPT)
+    script = pages_script(run.work)
     capacity, offered, roles = [], [], {}
     with isolation_clones(dom, run, "isr") as clones:
         roles.update({role: c.name for role, c in clones.items()})

@@ -118,19 +118,27 @@ end
 """
 
 
+def wrk_output(ip, port, threads, connections, secs, script, timeout, extra=()):
+    """wrk (with `extra` options) and `script` against the nginx at
+    ip:port; its output, once it printed a rate and no error answer."""
+    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{secs}s", *extra, "-s", script,
+           f"http://{ip}:{port}/"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    # An error answer is fast: counted as served, it would flatter a
+    # broken server (nginx's 502 when its backend is gone).
+    if r.returncode != 0 or WRK_RATE.search(r.stdout) is None or "Non-2xx" in r.stdout:
+        raise RuntimeError(f"wrk against {ip}:{port} failed ({r.returncode}): "
+                           f"{r.stdout[-500:]}{r.stderr[-500:]}")
+    return r.stdout
+
+
+WRK_RATE = re.compile(r"Requests/sec:\s*([0-9.]+)")
+
+
 def wrk(ip, port, threads, connections, secs, script, timeout):
     """wrk with `script` against the nginx at ip:port; its requests per
     second."""
-    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{secs}s", "-s", script,
-           f"http://{ip}:{port}/"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    m = re.search(r"Requests/sec:\s*([0-9.]+)", r.stdout)
-    # An error answer is fast: counted as served, it would flatter a
-    # broken server (nginx's 502 when its backend is gone).
-    if r.returncode != 0 or m is None or "Non-2xx" in r.stdout:
-        raise RuntimeError(f"wrk against {ip}:{port} failed ({r.returncode}): "
-                           f"{r.stdout[-500:]}{r.stderr[-500:]}")
-    return float(m.group(1))
+    return float(WRK_RATE.search(wrk_output(ip, port, threads, connections, secs, script, timeout)).group(1))
 
 
 # Tables 3-5 (lmbench-style, from `domus-guest osbench`).
