@@ -3,7 +3,7 @@
 //! (`-C target-feature=+crt-static`) so it runs in the kit's busybox
 //! initramfs, which has no C library.
 //!
-//! * `ioload PATH SECONDS`: block I/O throughput and IOPS (bench/io);
+//! * `ioload PATH SECONDS [first-write]`: block I/O throughput and IOPS (bench/io);
 //! * `osbench [SECONDS]`: lmbench-style operating-system microbenchmarks
 //!   (bench/paper's Tables 3-5; src/osbench.rs says what each measures);
 //! * `send tcp HOST PORT MIB` / `send vsock CID PORT MIB`: connects and
@@ -42,7 +42,7 @@ use domus_guest::agent;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: domus-guest ioload PATH SECONDS | osbench [SECONDS]\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB | webdyn PORT DIR\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
+        "usage: domus-guest ioload PATH SECONDS [first-write] | osbench [SECONDS]\n       domus-guest send tcp HOST PORT MIB | send vsock CID PORT MIB\n       domus-guest recv tcp PORT | recv vsock PORT\n       domus-guest echo vsock PORT | ping vsock CID PORT MIB\n       domus-guest agent PORT | exec CID PORT CMD\n       domus-guest gaps MS | dirty MIB | webdyn PORT DIR\n       domus-guest spoof IFACE MAC IP VICTIM | sniff IFACE SECONDS"
     );
     std::process::exit(2);
 }
