@@ -37,6 +37,24 @@ the raw disk to hold it against. These four disk variants run the block
 tests only: their network rows would be their VMM's own again, and guest
 B's transfer is where the nested host most often stalls a round.
 
+STORE says where the images live in the nested host: `tmpfs` (the
+default, its /tmp: a file's pages are the host's memory, so a first write
+into a sparse file or a fresh overlay allocates and zeroes memory while a
+`fallocate`d raw file's pages exist already), or `disk` (an ext4 file
+system on the nested host's scratch disk, KVM_HOST_DISK, which
+tools/bench-io then gives it: where the README tells users to keep their
+images; the VMMs write through the page cache there, whatever the disk's
+format).
+
+FIRST_WRITE=1 has ioload write the data disk once from start to end,
+timed, before its timed tests (`ioload ... first-write`): the cost of
+writing space the disk has never held, the same bytes for every disk,
+where the timed tests go round the disk as often as they have time for
+(so a fast disk rewrites what it wrote a second before). Every variant
+(native too) then gets a data disk of its own, made fresh for it: a raw
+one `fallocate`d, a sparse one truncated, an overlay on the never-written
+base. BLOCK_ONLY=1 leaves out every variant's network rows.
+
 Throughput is measured at the receiving end (accept to end of stream).
 Run with tools/bench-io, which runs each round (`run.py round OUT`) in a
 fresh nested host, runs again a round that fails or stalls, and then writes
@@ -64,9 +82,15 @@ MEMORY_MIB = 512
 DATA_MIB = 256
 DOMUS = os.path.join(REPO, "target/release/domus")
 HELPER = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/domus-guest")
-BLOCK_KEYS = ["seq_read_mbs", "seq_write_mbs", "rand_read_iops", "rand_write_iops"]
+# FIRST_WRITE=1: ioload first writes the data disk once, timed, before
+# the timed tests (`ioload ... first-write`), which then run on written
+# space; the report shows the row when its rounds have it.
+FIRST_WRITE = os.environ.get("FIRST_WRITE", "0") == "1"
+BLOCK_KEYS = (["first_write_mbs"] if FIRST_WRITE else []) + [
+    "seq_read_mbs", "seq_write_mbs", "rand_read_iops", "rand_write_iops"]
 KEYS = BLOCK_KEYS + ["tcp_g2h_mbs", "tcp_g2g_mbs", "vsock_g2h_mbs"]
 LABELS = {
+    "first_write_mbs": "first sequential write of the disk (MB/s)",
     "seq_read_mbs": "sequential read (MB/s)",
     "seq_write_mbs": "sequential write (MB/s)",
     "rand_read_iops": "4 KiB random read (IOPS)",
@@ -80,6 +104,12 @@ HOST_IP, A_IP, B_IP = "10.78.0.1", "10.78.0.2", "10.78.0.3"
 CID = 42
 VARIANTS = os.environ.get("VARIANTS", "domus,domus-jail,qemu").split(",")
 OUT_NAME = os.environ.get("OUT_NAME", "results")
+# Where the images live: the nested host's tmpfs, or the ext4 scratch disk
+# tools/bench-io asks tools/kvm-host for (mounted at /var/tmp there).
+STORE = os.environ.get("STORE", "tmpfs")
+# BLOCK_ONLY=1: every variant runs the block tests alone (no network rows).
+BLOCK_ONLY = os.environ.get("BLOCK_ONLY", "0") == "1"
+STORE_DIRS = {"tmpfs": "/tmp", "disk": "/var/tmp"}
 NAMES = {"native": "native", "domus": "Domus", "domus-jail": "Domus jailed",
          "domus-vfr": "Domus VFR", "domus-qcow2": "Domus qcow2",
          "domus-qcow2-used": "Domus qcow2 used", "domus-sparse": "Domus sparse raw", "qemu": "QEMU",
@@ -136,10 +166,14 @@ def net_up(ip):
 DISK_VARIANTS = {"domus-sparse", "domus-qcow2", "domus-qcow2-used", "qemu-qcow2"}
 
 
+def ioload_args():
+    return f"{SECONDS} first-write" if FIRST_WRITE else SECONDS
+
+
 def guest_a_cmd(block_only=False):
     if block_only:
-        return net_up(A_IP) + f"/h ioload /dev/vdb {SECONDS}"
-    return (net_up(A_IP) + f"/h ioload /dev/vdb {SECONDS}; "
+        return net_up(A_IP) + f"/h ioload /dev/vdb {ioload_args()}"
+    return (net_up(A_IP) + f"/h ioload /dev/vdb {ioload_args()}; "
             f"echo phase=tcp; /h send tcp {HOST_IP} 5001 {NET_MIB} >/dev/null; "
             f"echo phase=vsock; /h send vsock 2 5002 {NET_MIB} >/dev/null; "
             f"echo phase=g2g; /h recv tcp 5000 | sed 's/recv_mbs/g2g_mbs/'")
@@ -166,6 +200,8 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
                 path = overlay(path, vmm, i == 1) + ",format=qcow2"
             elif vmm == "domus-sparse" and i == 1:
                 path = sparse(path, vmm)
+            elif i == 1:
+                path = fresh_raw(path, vmm)
             c += ["--disk", path + (",ro" if ro else "")]
         if cid:
             c += ["--vsock", f"cid={cid}"]
@@ -180,6 +216,8 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
         fmt = "raw"
         if "qcow2" in vmm and not ro:
             path, fmt = overlay(path, vmm, i == 1), "qcow2"
+        elif i == 1:
+            path = fresh_raw(path, vmm)
         c += ["-drive", f"file={path},if=none,id=d{i},format={fmt}" + (",readonly=on" if ro else ""),
               "-device", f"virtio-blk-pci,drive=d{i}"]
     if cid:
@@ -197,6 +235,18 @@ def overlay(path, vmm, data):
         if data and vmm.endswith("-used"):
             sh("qemu-io", "-f", "qcow2", "-c", f"write -P 0x5a 0 {DATA_MIB}M", top)
     return top
+
+
+def fresh_raw(path, vmm):
+    """With FIRST_WRITE, a fresh `fallocate`d raw file as large as `path`
+    for `vmm` alone (made once per round and variant); else `path`, the
+    data disk every raw variant shares."""
+    if not FIRST_WRITE:
+        return path
+    own = f"{path}.{vmm}.raw"
+    if not os.path.exists(own):
+        sh("fallocate", "-l", str(os.path.getsize(path)), own)
+    return own
 
 
 def sparse(path, vmm):
@@ -223,7 +273,7 @@ def receiver(kind, port):
 
 def one_round(vmm, k, root, data, helper_img, helper_size):
     """Runs guest A (and B) under `vmm`; returns the measurements."""
-    block_only = vmm in DISK_VARIANTS
+    block_only = vmm in DISK_VARIANTS or BLOCK_ONLY
     say(f"{vmm}: guest A (block" + (" only)" if block_only else ", TCP and vsock to the host)"))
     # The host's receivers of guest A's streams (none for the block tests
     # alone).
@@ -315,7 +365,7 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
 
 def native(data):
     say("native")
-    v = fields(sh(HELPER, "ioload", data, SECONDS).stdout)
+    v = fields(sh(HELPER, "ioload", data, *ioload_args().split()).stdout)
     r = receiver("tcp", 5003)
     time.sleep(0.2)
     sh(HELPER, "send", "tcp", "127.0.0.1", "5003", str(NET_MIB))
@@ -343,6 +393,12 @@ def bridge(up):
         sh("ip", "link", "set", t, "up")
 
 
+def store_fs(path):
+    """The type of the file system `path` is on, as stat(1) names it
+    (`tmpfs`, `ext2/ext3` for ext4 too)."""
+    return sh("stat", "-f", "-c", "%T", path).stdout.strip()
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -352,7 +408,14 @@ def one_full_round(out_path):
     """Native, Domus (jailed and not) and QEMU once; writes {"native": .., "domus": ..,
     "domus-jail": .., "qemu": ..}."""
     k = kit()
-    work = tempfile.mkdtemp(prefix="domus-bench-io-")
+    if STORE not in STORE_DIRS:
+        sys.exit(f"STORE={STORE}: expected one of {', '.join(STORE_DIRS)}")
+    fs = store_fs(STORE_DIRS[STORE])
+    want = "tmpfs" if STORE == "tmpfs" else "ext2/ext3"
+    if fs != want:
+        sys.exit(f"STORE={STORE}: {STORE_DIRS[STORE]} is {fs}, not {want} "
+                 "(STORE=disk needs tools/kvm-host's scratch disk, KVM_HOST_DISK)")
+    work = tempfile.mkdtemp(prefix="domus-bench-io-", dir=STORE_DIRS[STORE])
     root = os.path.join(work, "root.img")
     data = os.path.join(work, "data.img")
     helper_img = os.path.join(work, "helper.img")
@@ -365,7 +428,7 @@ def one_full_round(out_path):
         f.write(b"\0" * (-helper_size % 512))
     bridge(True)
     try:
-        res = {"native": native(data)}
+        res = {"store": STORE, "native": native(fresh_raw(data, "native"))}
         # Alternate which VMM goes first, so neither always runs on a
         # fresher host (ROUND is the round's number, from tools/bench-io).
         order = list(VARIANTS)
@@ -378,7 +441,7 @@ def one_full_round(out_path):
             finally:
                 vfr(False)
             for p in (root, data):
-                for made in (f"{p}.{vmm}.qcow2", f"{p}.{vmm}.sparse"):
+                for made in (f"{p}.{vmm}.qcow2", f"{p}.{vmm}.sparse", f"{p}.{vmm}.raw"):
                     if os.path.exists(made):
                         os.remove(made)
     finally:
@@ -400,7 +463,15 @@ def main():
     for p in sys.argv[3:]:
         with open(p) as f:
             rounds.append(json.load(f))
+    stores = {r.get("store", "tmpfs") for r in rounds}
+    if len(stores) != 1:
+        sys.exit(f"rounds measured on different stores: {', '.join(sorted(stores))}")
+    store = stores.pop()
     names = [n for n in NAMES if all(n in r for r in rounds)]
+    # The rows the rounds measured (first_write_mbs only with FIRST_WRITE,
+    # no network rows with BLOCK_ONLY).
+    global KEYS
+    KEYS = [key for key in LABELS if any(r["domus"].get(key) is not None for r in rounds)]
     results = {n: [r[n] for r in rounds] for n in names}
     jailed = "domus-jail" in results
     global RUNS
@@ -425,7 +496,8 @@ def main():
                    "guest_direct_io": all(x.get("direct") == 1 for x in results["domus"]),
                    "native_direct_io": all(x.get("direct") == 1 for x in results["native"]),
                    "qemu_net_backend": "tap, vhost=off", "domus_net_backend": "tap, userspace",
-                   "vsock_backend": "vhost-vsock (both)"},
+                   "vsock_backend": "vhost-vsock (both)", "store": store,
+                   "first_write": "first_write_mbs" in KEYS},
         "runs": results,
         "median": median,
         "ratios": {key: {"domus_vs_qemu": ratio(median["domus"][key], median["qemu"][key]),
@@ -457,7 +529,8 @@ def main():
         f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel "
         f"{platform.release()}), in the nested KVM host; command `{os.environ.get('BENCH_COMMAND', 'tools/bench-io')}`; "
         f"medians of {RUNS} rounds; block tests {SECONDS} s each on a {DATA_MIB} MiB data "
-        f"disk, network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",
+        + ("disk (after a first write of all of it, its own row), " if "first_write_mbs" in KEYS else "disk, ")
+        + f"network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",
         "",
     ]
     extra = [("jail_vs_no_jail", "jailed/Domus", "domus-jail"),
@@ -477,9 +550,17 @@ def main():
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Guests use O_DIRECT on /dev/vdb; the image lives on the host's tmpfs, where "
-        "O_DIRECT is " + ("used" if doc["config"]["native_direct_io"] else
-                          "not available, so native block numbers are page-cache copies") + ".",
+        "Guests use O_DIRECT on /dev/vdb; the image lives on "
+        + ("the host's tmpfs" if store == "tmpfs" else
+           "an ext4 file system on the host's scratch disk (STORE=disk)")
+        + ", where native's O_DIRECT is " + ("used" if doc["config"]["native_direct_io"] else
+                                              "not available, so native block numbers are page-cache copies") + "."
+        + (" The VMMs' own writes into the images go through the host's page cache (both VMMs "
+           "open them buffered); at writeback ext4 allocates blocks for a sparse or a qcow2 "
+           "file's new space and converts a fallocated file's unwritten extents."
+           if store == "disk" else
+           " On tmpfs a file's pages are the host's memory: a first write into a sparse file or "
+           "a fresh overlay allocates and zeroes them, a fallocated raw file's exist already."),
         "Native TCP is loopback on the host (both TCP rows); there is no native vsock row.",
         "Both VMMs use a userspace virtio-net backend on the same taps and bridge, and "
         "vhost-vsock. Domus runs under its seccomp filter; \"Domus jailed\" also in its jail "
@@ -489,7 +570,12 @@ def main():
         "(64 KiB clusters: a cluster's first write allocates it and copies from the base what "
         "the write does not cover), \"qcow2 used\" with every cluster of the data overlay "
         "written before the guest starts, \"sparse raw\" with a fresh sparse raw data disk "
-        "(truncate). The raw data disk is allocated (fallocate).",
+        "(truncate). The raw data disk is allocated (fallocate)."
+        + (" The first-write row writes each data disk once from start to end before the timed "
+           "rows, which then run on space written once (a fresh overlay's rows after it are a "
+           "used overlay's); the timed rows go round the disk as often as they have time for. "
+           "Each variant, native's too, has a data disk of its own, made fresh for it."
+           if "first_write_mbs" in KEYS else ""),
         f"Each round runs in a fresh nested host; {retried} attempt(s) failed or stalled "
         "(see README, known issues) and were run again.",
         "",
