@@ -106,10 +106,11 @@ VARIANTS = os.environ.get("VARIANTS", "domus,domus-jail,qemu").split(",")
 OUT_NAME = os.environ.get("OUT_NAME", "results")
 # Where the images live: the nested host's tmpfs, or the ext4 scratch disk
 # tools/bench-io asks tools/kvm-host for (mounted at /var/tmp there).
+# Each store's directory and its file system's type as stat(1) names it.
 STORE = os.environ.get("STORE", "tmpfs")
+STORE_DIRS = {"tmpfs": ("/tmp", "tmpfs"), "disk": ("/var/tmp", "ext2/ext3")}
 # BLOCK_ONLY=1: every variant runs the block tests alone (no network rows).
 BLOCK_ONLY = os.environ.get("BLOCK_ONLY", "0") == "1"
-STORE_DIRS = {"tmpfs": "/tmp", "disk": "/var/tmp"}
 NAMES = {"native": "native", "domus": "Domus", "domus-jail": "Domus jailed",
          "domus-vfr": "Domus VFR", "domus-qcow2": "Domus qcow2",
          "domus-qcow2-used": "Domus qcow2 used", "domus-sparse": "Domus sparse raw", "qemu": "QEMU",
@@ -199,7 +200,7 @@ def vmm_cmd(vmm, k, disks, tap, mac, cid, cl, domus=DOMUS):
             if "qcow2" in vmm and not ro:
                 path = overlay(path, vmm, i == 1) + ",format=qcow2"
             elif vmm == "domus-sparse" and i == 1:
-                path = sparse(path, vmm)
+                path = own_disk(path, vmm, "sparse")
             elif i == 1:
                 path = fresh_raw(path, vmm)
             c += ["--disk", path + (",ro" if ro else "")]
@@ -237,25 +238,20 @@ def overlay(path, vmm, data):
     return top
 
 
-def fresh_raw(path, vmm):
-    """With FIRST_WRITE, a fresh `fallocate`d raw file as large as `path`
-    for `vmm` alone (made once per round and variant); else `path`, the
-    data disk every raw variant shares."""
-    if not FIRST_WRITE:
-        return path
-    own = f"{path}.{vmm}.raw"
+def own_disk(path, vmm, kind):
+    """A fresh raw file as large as `path` for `vmm` alone (made once per
+    round and variant): `sparse` (truncate) or `raw` (fallocate)."""
+    own = f"{path}.{vmm}.{kind}"
     if not os.path.exists(own):
-        sh("fallocate", "-l", str(os.path.getsize(path)), own)
+        size = str(os.path.getsize(path))
+        sh(*(("truncate", "-s") if kind == "sparse" else ("fallocate", "-l")), size, own)
     return own
 
 
-def sparse(path, vmm):
-    """A fresh sparse raw file as large as `path` (made once per round and
-    variant)."""
-    thin = f"{path}.{vmm}.sparse"
-    if not os.path.exists(thin):
-        sh("truncate", "-s", str(os.path.getsize(path)), thin)
-    return thin
+def fresh_raw(path, vmm):
+    """With FIRST_WRITE, `vmm`'s own fresh fallocated data disk; else
+    `path`, the data disk every raw variant shares."""
+    return own_disk(path, vmm, "raw") if FIRST_WRITE else path
 
 
 def vfr(on):
@@ -410,12 +406,12 @@ def one_full_round(out_path):
     k = kit()
     if STORE not in STORE_DIRS:
         sys.exit(f"STORE={STORE}: expected one of {', '.join(STORE_DIRS)}")
-    fs = store_fs(STORE_DIRS[STORE])
-    want = "tmpfs" if STORE == "tmpfs" else "ext2/ext3"
+    where, want = STORE_DIRS[STORE]
+    fs = store_fs(where)
     if fs != want:
-        sys.exit(f"STORE={STORE}: {STORE_DIRS[STORE]} is {fs}, not {want} "
+        sys.exit(f"STORE={STORE}: {where} is {fs}, not {want} "
                  "(STORE=disk needs tools/kvm-host's scratch disk, KVM_HOST_DISK)")
-    work = tempfile.mkdtemp(prefix="domus-bench-io-", dir=STORE_DIRS[STORE])
+    work = tempfile.mkdtemp(prefix="domus-bench-io-", dir=where)
     root = os.path.join(work, "root.img")
     data = os.path.join(work, "data.img")
     helper_img = os.path.join(work, "helper.img")
