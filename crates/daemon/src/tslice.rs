@@ -246,7 +246,20 @@ mod tests {
         assert_eq!(thread_slice_ns(tid).unwrap(), base, "the base slice again");
         stop_tx.send(()).unwrap();
         t.join().unwrap();
-        let gone = set_thread_slice_ns(tid, 0).unwrap_err();
+        // join returns once the kernel has cleared the thread's tid
+        // (CLONE_CHILD_CLEARTID), a moment before it releases the task,
+        // which until then still takes a slice (a clean clone's unit tests
+        // once saw Ok here): the ended thread answers ESRCH soon after.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let gone = loop {
+            match set_thread_slice_ns(tid, 0) {
+                Err(e) => break e,
+                Ok(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Ok(_) => panic!("thread {tid} still takes a slice 5 s after it ended"),
+            }
+        };
         assert_eq!(gone.raw_os_error(), Some(libc::ESRCH));
     }
 
