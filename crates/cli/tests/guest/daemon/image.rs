@@ -48,6 +48,14 @@ fn ssh(
             "BatchMode=yes",
             "-o",
             "ConnectTimeout=5",
+            // A guest that stops answering (the nested host triple-faults
+            // guests, and the daemon then restarts the domain) sends no
+            // RST to a connection that is only waiting for output: without
+            // keepalives ssh would wait forever, and the test with it.
+            "-o",
+            "ServerAliveInterval=5",
+            "-o",
+            "ServerAliveCountMax=6",
             "-o",
             "StrictHostKeyChecking=accept-new",
         ])
@@ -163,7 +171,7 @@ fn debian_image_domains_boot_get_addresses_and_answer_ssh_with_the_injected_key(
             &key,
             &known,
             &ip,
-            "systemctl is-system-running --wait; systemctl --failed --no-legend --plain",
+            "timeout 300 systemctl is-system-running --wait; systemctl --failed --no-legend --plain",
         );
         (state_of, err) = (out, e);
         if !state_of.is_empty() {
