@@ -346,6 +346,39 @@ fn word(run: &Run, key: &str) -> String {
         .unwrap_or_else(|| panic!("no {key}= in the guest's output: {run}"))
 }
 
+/// Waits for a balloon to reach its target (or free page reporting to give
+/// memory back). `left` says how far off it is, in MiB (0: there). The
+/// guest gives memory up one batch of page frames per round trip, at the
+/// pace of a guest that the nested test host runs: beside the other tests
+/// as slow as 0.9 MiB/s (CI of 2026-12-02: 155 MiB in 180 s), alone in a
+/// host 213 MiB in 13 s. So what fails is a balloon that stops: `left` not
+/// lower for `STALL`, or not at 0 after `CAP`. Returns how long it took, or
+/// why it failed.
+fn wait_balloon(mut left: impl FnMut() -> u64) -> Result<Duration, String> {
+    const STALL: Duration = Duration::from_secs(90);
+    const CAP: Duration = Duration::from_secs(600);
+    let start = Instant::now();
+    let (mut best, mut moved) = (left(), start);
+    while best > 0 {
+        if moved.elapsed() >= STALL {
+            return Err(format!(
+                "stuck {best} MiB off for {} s ({} s in)",
+                STALL.as_secs(),
+                start.elapsed().as_secs()
+            ));
+        }
+        if start.elapsed() >= CAP {
+            return Err(format!("{best} MiB off after {} s", CAP.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        let now = left();
+        if now < best {
+            (best, moved) = (now, Instant::now());
+        }
+    }
+    Ok(start.elapsed())
+}
+
 fn api(
     sock: &std::path::Path,
     method: &str,

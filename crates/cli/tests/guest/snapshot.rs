@@ -118,25 +118,24 @@ fn a_saved_domain_restores_and_goes_on_where_it_stopped() {
     );
     let (status, b) = back.api(&sock2, "PUT", "/v1/balloon", Some("{\"target_mib\": 200}"));
     assert_eq!(status, 200, "{b}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, b) = back.api(&sock2, "GET", "/v1/balloon", None);
-        if b["balloon_actual_mib"] == 56 {
-            break;
-        }
-        if Instant::now() > deadline {
-            // (CI of 2026-11-28 once failed here with nothing more to go
-            // on.) What the guest says of it, then the VMM captured as a
-            // stalled one is, and its output.
-            let guest = back.run(
-                "grep -h . /sys/bus/virtio/drivers/virtio_balloon/*/features 2>&1; \
-                 grep -E 'MemFree|MemTotal' /proc/meminfo; dmesg | tail -n 15",
-            );
-            back.fail(&format!(
-                "the balloon did not inflate after the restore: {b}\nthe guest: {guest:?}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let mut b = serde_json::Value::Null;
+    let took = wait_balloon(|| {
+        b = back.api(&sock2, "GET", "/v1/balloon", None).1;
+        b["balloon_actual_mib"]
+            .as_u64()
+            .map_or(56, |m| m.abs_diff(56))
+    });
+    if let Err(e) = took {
+        // (CI of 2026-11-28 once failed here with nothing more to go on.)
+        // What the guest says of it, then the VMM captured as a stalled one
+        // is, and its output.
+        let guest = back.run(
+            "grep -h . /sys/bus/virtio/drivers/virtio_balloon/*/features 2>&1; \
+             grep -E 'MemFree|MemTotal' /proc/meminfo; dmesg | tail -n 15",
+        );
+        back.fail(&format!(
+            "the balloon did not inflate after the restore: {e}: {b}\nthe guest: {guest:?}"
+        ));
     }
     let run = back.finish();
     assert_clean_poweroff(&run);
