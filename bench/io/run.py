@@ -75,6 +75,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import benchlib  # noqa: E402
 RUNS = int(os.environ.get("RUNS", "5"))
 SECONDS = os.environ.get("SECONDS_PER_TEST", "2")
 NET_MIB = int(os.environ.get("NET_MIB", "64"))
@@ -354,7 +356,9 @@ def one_round(vmm, k, root, data, helper_img, helper_size):
     res["tcp_g2g_mbs"] = v.get("g2g_mbs")
     missing = [key for key in (BLOCK_KEYS if block_only else KEYS) if res.get(key) is None]
     if missing:
-        raise RuntimeError(f"{vmm}: no {missing}; guest output:\n{text[-3000:]}")
+        raise RuntimeError(f"{vmm}: no {missing}; the VMM's exit status {a.returncode}; "
+                           f"guest output:\n{text[-3000:]}\nVMM's stderr:\n"
+                           f"{a.stderr.read()[-3000:]}")
     say_results(vmm, res)
     return res
 
@@ -400,10 +404,11 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def one_full_round(out_path):
-    """Native, Domus (jailed and not) and QEMU once; writes {"native": .., "domus": ..,
-    "domus-jail": .., "qemu": ..}."""
-    k = kit()
+def workspace(k, prefix):
+    """A directory on STORE's file system (checked to be the one expected)
+    with the round's images: the kit's root file system with the helper as
+    /h, a fallocated data disk, and the helper alone padded to whole sectors
+    (guest B's disk). Returns (dir, root, data, helper image, helper size)."""
     if STORE not in STORE_DIRS:
         sys.exit(f"STORE={STORE}: expected one of {', '.join(STORE_DIRS)}")
     where, want = STORE_DIRS[STORE]
@@ -411,7 +416,7 @@ def one_full_round(out_path):
     if fs != want:
         sys.exit(f"STORE={STORE}: {where} is {fs}, not {want} "
                  "(STORE=disk needs tools/kvm-host's scratch disk, KVM_HOST_DISK)")
-    work = tempfile.mkdtemp(prefix="domus-bench-io-", dir=where)
+    work = tempfile.mkdtemp(prefix=prefix, dir=where)
     root = os.path.join(work, "root.img")
     data = os.path.join(work, "data.img")
     helper_img = os.path.join(work, "helper.img")
@@ -422,6 +427,22 @@ def one_full_round(out_path):
     shutil.copy(HELPER, helper_img)
     with open(helper_img, "ab") as f:
         f.write(b"\0" * (-helper_size % 512))
+    return work, root, data, helper_img, helper_size
+
+
+def remove_made(root, data, vmm):
+    """Removes the disks `vmm`'s run made for itself (overlay, own disks)."""
+    for p in (root, data):
+        for made in (f"{p}.{vmm}.qcow2", f"{p}.{vmm}.sparse", f"{p}.{vmm}.raw"):
+            if os.path.exists(made):
+                os.remove(made)
+
+
+def one_full_round(out_path):
+    """Native, Domus (jailed and not) and QEMU once; writes {"native": .., "domus": ..,
+    "domus-jail": .., "qemu": ..}."""
+    k = kit()
+    work, root, data, helper_img, helper_size = workspace(k, "domus-bench-io-")
     bridge(True)
     try:
         res = {"store": STORE, "native": native(fresh_raw(data, "native"))}
@@ -436,10 +457,7 @@ def one_full_round(out_path):
                 res[vmm] = one_round(vmm, k, root, data, helper_img, helper_size)
             finally:
                 vfr(False)
-            for p in (root, data):
-                for made in (f"{p}.{vmm}.qcow2", f"{p}.{vmm}.sparse", f"{p}.{vmm}.raw"):
-                    if os.path.exists(made):
-                        os.remove(made)
+            remove_made(root, data, vmm)
     finally:
         bridge(False)
         shutil.rmtree(work, ignore_errors=True)
@@ -481,12 +499,7 @@ def main():
         "benchmark": "bench/io",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": os.environ.get("BENCH_COMMAND", "tools/bench-io"),
-        "machine": {
-            "host": platform.node(),
-            "kernel": platform.release(),
-            "cpus": os.cpu_count(),
-            "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)",
-        },
+        "machine": benchlib.machine(),
         "config": {"runs": RUNS, "rounds_retried": retried, "seconds_per_block_test": float(SECONDS), "net_mib": NET_MIB,
                    "memory_mib": MEMORY_MIB, "vcpus": 1, "data_mib": DATA_MIB,
                    "guest_direct_io": all(x.get("direct") == 1 for x in results["domus"]),

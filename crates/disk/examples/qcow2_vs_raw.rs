@@ -3,15 +3,19 @@
 //!
 //! `cargo run --release -p domus-disk --example qcow2_vs_raw -- DIR [MIB]`
 //!
-//! In DIR (use the same file system as the VMM's images, tmpfs in
-//! bench/io) it makes a raw base of MIB MiB (default 256), a raw disk of the
+//! In DIR (on the file system the VMM's images are on: tmpfs in bench/io
+//! by default, ext4 on the nested host's scratch disk, /var/tmp, with
+//! STORE=disk) it makes a raw base of MIB MiB (default 256), a raw disk of the
 //! same size, and qcow2 overlays on the base; then it writes each the way
 //! bench/io's guest does (1 MiB sequential writes, 4 KiB random writes)
 //! through Domus's own I/O paths: pwritev for raw, `Qcow2Image::write_from`
 //! with one 4 KiB slice per guest page for qcow2. Rows: the raw disk, a
 //! fresh overlay (every write allocates; 4 KiB ones copy the rest of their
 //! 64 KiB cluster from the base), and the same overlay again (clusters
-//! allocated). Prints one line per row and a JSON line at the end.
+//! allocated); and 4 KiB random reads (preadv, `Qcow2Image::read_into`) of
+//! the raw disk, of a fresh overlay (its base's data) and of the overlay
+//! once every cluster is its own. Prints one line per row and a JSON line
+//! at the end.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -35,6 +39,11 @@ impl Disk {
     /// Writes `buf` at `at`, one slice per 4 KiB page as a guest's
     /// scattered pages arrive.
     fn write(&self, buf: &mut [u8], at: u64) {
+        self.transfer(buf, at, true);
+    }
+
+    /// Writes `buf` at `at` (or reads into it), one slice per 4 KiB page.
+    fn transfer(&self, buf: &mut [u8], at: u64, write: bool) {
         match self {
             Disk::Raw(f) => {
                 let iov: Vec<libc::iovec> = buf
@@ -44,22 +53,26 @@ impl Disk {
                         iov_len: c.len(),
                     })
                     .collect();
+                let (fd, cnt) = (f.as_raw_fd(), iov.len() as libc::c_int);
                 // SAFETY: every iovec points into `buf`, alive and not
                 // otherwise borrowed for the call.
                 let n = unsafe {
-                    libc::pwritev(
-                        f.as_raw_fd(),
-                        iov.as_ptr(),
-                        iov.len() as libc::c_int,
-                        at as libc::off_t,
-                    )
+                    if write {
+                        libc::pwritev(fd, iov.as_ptr(), cnt, at as libc::off_t)
+                    } else {
+                        libc::preadv(fd, iov.as_ptr(), cnt, at as libc::off_t)
+                    }
                 };
-                assert_eq!(n as usize, buf.len(), "short raw write");
+                assert_eq!(n as usize, buf.len(), "short raw transfer");
             }
             Disk::Qcow2(img) => {
                 let slices: Vec<VolatileSlice<'_, ()>> =
                     buf.chunks_mut(PAGE).map(VolatileSlice::from).collect();
-                img.write_from(&slices, at).expect("qcow2 write");
+                if write {
+                    img.write_from(&slices, at).expect("qcow2 write");
+                } else {
+                    img.read_into(&slices, at).expect("qcow2 read");
+                }
             }
         }
     }
@@ -107,14 +120,20 @@ fn sequential(d: &Disk, mib: usize) -> f64 {
     (mib * MIB) as f64 / t.elapsed().as_secs_f64() / 1e6
 }
 
-/// IOPS of `n` 4 KiB writes at random 4 KiB-aligned offsets.
-fn random(d: &Disk, mib: usize, n: usize) -> f64 {
-    let mut buf = vec![0xa5u8; PAGE];
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+/// IOPS of `n` 4 KiB writes (or reads) at random 4 KiB-aligned offsets:
+/// writes and reads each take their own fixed sequence of offsets.
+fn random(d: &Disk, mib: usize, n: usize, write: bool) -> f64 {
+    let (byte, seed) = if write {
+        (0xa5u8, 0x9e37_79b9_7f4a_7c15)
+    } else {
+        (0, 0x2545_f491_4f6c_dd1d)
+    };
+    let mut buf = vec![byte; PAGE];
+    let mut rng = Rng(seed);
     let pages = (mib * MIB / PAGE) as u64;
     let t = Instant::now();
     for _ in 0..n {
-        d.write(&mut buf, (rng.next() % pages) * PAGE as u64);
+        d.transfer(&mut buf, (rng.next() % pages) * PAGE as u64, write);
     }
     n as f64 / t.elapsed().as_secs_f64()
 }
@@ -139,8 +158,10 @@ fn main() {
 
     let mut rows = Vec::new();
     let raw_seq = sequential(&rawd, mib);
-    let raw_rand = random(&rawd, mib, n);
+    let raw_rand = random(&rawd, mib, n, true);
+    let raw_read = random(&rawd, mib, n, false);
     rows.push(("raw", raw_seq, raw_rand));
+    rows.push(("raw random read (IOPS)", raw_read, raw_read));
     // A raw file made sparse: its writes allocate the file system's pages,
     // as an overlay's do.
     let sparse = dir.join("sparse.raw");
@@ -150,19 +171,28 @@ fn main() {
         Disk::Raw(f)
     };
     let sparse_seq = sequential(&sparse_disk(), mib);
-    let sparse_rand = random(&sparse_disk(), mib, n);
+    let sparse_rand = random(&sparse_disk(), mib, n, true);
     rows.push(("raw, sparse file", sparse_seq, sparse_rand));
-    let (p1, seq_fresh, seq_again) = {
+    let (p1, seq_fresh, seq_again, read_base, read_used) = {
         let (p, d) = overlay(&dir, "seq.qcow2", &base, mib);
+        // Reads of a fresh overlay go to its base.
+        let base_read = random(&d, mib, n, false);
         let fresh = sequential(&d, mib);
         let again = sequential(&d, mib);
+        // Every cluster is the overlay's own now.
+        let used_read = random(&d, mib, n, false);
         rows.push(("qcow2 sequential, fresh / again", fresh, again));
-        (p, fresh, again)
+        rows.push((
+            "qcow2 random read, from base / used (IOPS)",
+            base_read,
+            used_read,
+        ));
+        (p, fresh, again, base_read, used_read)
     };
     let (p2, rand_fresh, rand_again) = {
         let (p, d) = overlay(&dir, "rand.qcow2", &base, mib);
-        let fresh = random(&d, mib, n);
-        let again = random(&d, mib, n);
+        let fresh = random(&d, mib, n, true);
+        let again = random(&d, mib, n, true);
         rows.push(("qcow2 random, fresh / again (IOPS)", fresh, again));
         (p, fresh, again)
     };
@@ -174,7 +204,9 @@ fn main() {
         "{{\"mib\":{mib},\"random_writes\":{n},\"raw_seq_mbs\":{raw_seq:.1},\"raw_rand_iops\":{raw_rand:.1},\
          \"sparse_seq_mbs\":{sparse_seq:.1},\"sparse_rand_iops\":{sparse_rand:.1},\
          \"qcow2_seq_fresh_mbs\":{seq_fresh:.1},\"qcow2_seq_again_mbs\":{seq_again:.1},\
-         \"qcow2_rand_fresh_iops\":{rand_fresh:.1},\"qcow2_rand_again_iops\":{rand_again:.1}}}"
+         \"qcow2_rand_fresh_iops\":{rand_fresh:.1},\"qcow2_rand_again_iops\":{rand_again:.1},\
+         \"raw_read_iops\":{raw_read:.1},\"qcow2_read_base_iops\":{read_base:.1},\
+         \"qcow2_read_used_iops\":{read_used:.1}}}"
     );
     for p in [&base, &raw, &sparse, &p1, &p2] {
         let _ = std::fs::remove_file(p);
