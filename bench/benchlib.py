@@ -6,6 +6,7 @@ its leases and QEMU booting the same image."""
 import datetime
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -30,6 +31,13 @@ def stamp(src, here, command, rounds):
     with open(os.path.join(here, "results.json"), "w") as f:
         json.dump(m, f, indent=1)
     return m
+
+
+def machine():
+    """The machine a record is made on: its name, kernel and CPUs where
+    this runs, and the KVM the measurements ran on."""
+    return {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+            "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"}
 
 
 def write_markdown(here, lines):

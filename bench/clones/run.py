@@ -256,9 +256,8 @@ def report(src, command):
         "benchmark": "bench/clones",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(),
-                    "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)",
-                    "nested_host_mib": m["host_mib"], "nested_kernel": m["kernel"]},
+        "machine": {**benchlib.machine(), "nested_host_mib": m["host_mib"],
+                    "nested_kernel": m["kernel"]},
         "settle_s": m["settle_s"],
         "results": m["rows"],
     }

@@ -34,6 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
+import benchlib  # noqa: E402
 from domus_api import request  # noqa: E402
 DOMUS = os.path.join(REPO, "target/release/domus")
 SIZES = [int(x) for x in os.environ.get("SIZES", "1,8,32,64").split(",")]
@@ -164,9 +165,7 @@ def main():
         "benchmark": "bench/control",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "tools/bench-control",
-        "machine": {"host": platform.node(), "kernel": platform.release(),
-                    "cpus": os.cpu_count(),
-                    "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"},
+        "machine": benchlib.machine(),
         "config": {"sizes": SIZES, "guest_memory_mib": 128, "accounting_sample_s": SAMPLE_S,
                    "jail": JAIL, "start_timeout_s": START_TIMEOUT_S},
         "results": rows,

@@ -403,6 +403,11 @@ def report(src, command=None):
         rows, tbl = xzmem.table(exps["xzmem"], ["native"] + GUESTS, SHORT, median)
         doc["experiments"]["xzmem"] = {"rows": rows, **kept(exps["xzmem"])}
         lines += tbl[:2] + partial_note(exps["xzmem"]) + tbl[2:]
+    if "xzpair" in exps:
+        import xzpair
+        rows, tbl = xzpair.table(exps["xzpair"], ["native"] + GUESTS, SHORT, median)
+        doc["experiments"]["xzpair"] = {"rows": rows, **kept(exps["xzpair"])}
+        lines += tbl[:2] + partial_note(exps["xzpair"]) + tbl[2:]
     if "pgcost" in exps:
         import pgcost
         rows, tbl = pgcost.table(exps["pgcost"], ["native"] + GUESTS, SHORT)

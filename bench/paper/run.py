@@ -57,6 +57,9 @@ Experiments (names for --only):
   xzmem    what could make Figure 3's xz row slower under Domus than QEMU: the
            xz command with its memory (RSS, THPs, faults) and the nested
            host's CPU time watched (xzmem.py; run only when --only names it).
+  xzpair   Figure 3's xz row alone, with each ratio also taken within the
+           nested hosts that ran both environments (xzpair.py; run only
+           when --only names it).
   pgcost   where pgbench's time goes in each environment: Figure 3's pg
            commands with the environment's CPU time, switches, IPIs and
            disk flushes, the nested host's CPU time and KVM's counters
@@ -96,6 +99,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib  # noqa: E402
 import envs  # noqa: E402
 import isolation  # noqa: E402
 import kvmstat  # noqa: E402
@@ -108,20 +113,32 @@ import timeslice  # noqa: E402
 import webcost  # noqa: E402
 import workloads  # noqa: E402
 import xzmem  # noqa: E402
+import xzpair  # noqa: E402
 from envs import say  # noqa: E402
 
 VCPUS, MEMORY_MIB = 2, 1024
 IMAGES = os.environ.get("BENCH_IMAGES", "")
 IMAGE = os.environ.get("BENCH_IMAGE", "paper")
 EXPERIMENTS = ["fig3", "pg", "web", "osbench", "net", "fig4", "fig5", "fig6", "fig6rate", "scal", "slice",
-               "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"]
+               "xzmem", "xzpair", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"]
 MULTI = {"fig4", "fig5", "fig6", "fig6rate", "scal", "slice"}
 # Measurements of why, run only when --only names them.
-DIAGNOSTICS = {"slice", "xzmem", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"}
+DIAGNOSTICS = {"slice", "xzmem", "xzpair", "pgcost", "webcost", "webgroup", "webllc", "netcost", "netmrg", "netind"}
 # ENVS=native,domus leaves the peers out (a nested host that dies when a
 # QEMU guest boots in it: README, known issues). `ch` runs where the peers'
 # Cloud Hypervisor build is (envs.ch_binary).
 ENVS = os.environ.get("ENVS", "native,domus,qemu,ch").split(",")
+
+
+def nested_host():
+    """Which nested host this is (its kernel's boot id, shortened): every
+    trial keeps it as `nested_host`, so that a ratio can be taken between
+    trials one host ran (xzpair.py)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()[:8]
+    except OSError:
+        return "unknown"
 
 
 def trials(quick):
@@ -228,7 +245,9 @@ class Run:
                 with running(e):
                     t0 = time.monotonic()
                     vals = one(e)
-                    shown = [(k, v) for k, v in vals.items() if not k.startswith(kvmstat.PREFIX)]
+                    vals.setdefault("nested_host", nested_host())
+                    shown = [(k, v) for k, v in vals.items()
+                             if not k.startswith(kvmstat.PREFIX) and isinstance(v, (int, float))]
                     say(f"{name}: trial {t + 1}/{n}: {e.name}: "
                         + ", ".join(f"{k}={v:g}" for k, v in shown[:6])
                         + (" ..." if len(shown) > 6 else "") + f" ({time.monotonic() - t0:.0f} s)")
@@ -356,12 +375,6 @@ def net(environments, run):
     finally:
         server.kill()
         server.wait()
-
-
-def machine():
-    import platform
-    return {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
-            "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"}
 
 
 def heartbeat(dom, what, every=120):
@@ -565,7 +578,7 @@ def measure(out, only, quick):
         for g in environments[2:]:
             envs.boot(g, done)
             g.pause()
-        done["machine"] = machine()
+        done["machine"] = benchlib.machine()
         done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,
                           "native_fs": native.fs}
         what = ["starting"]
@@ -579,6 +592,7 @@ def measure(out, only, quick):
                    "fig6rate": isolation.fig6rate,
                    "scal": scaling.scal, "slice": timeslice.slice_experiment,
                    "xzmem": lambda these, run: xzmem.experiment(these, run, running),
+                   "xzpair": lambda these, run: xzpair.experiment(these, run, running),
                    "pgcost": lambda these, run: pgcost.experiment(these, run, running, VCPUS),
                    "webcost": lambda these, run: webcost.experiment(these, run, running, VCPUS),
                    "webgroup": lambda these, run: webcost.experiment(these, run, running, VCPUS,
@@ -633,7 +647,7 @@ def main():
 
 def _test():
     """`run.py selftest`: which records count as this machine's."""
-    assert machine()["cpus"] == os.cpu_count()
+    assert benchlib.machine()["cpus"] == os.cpu_count()
     cpu = "Intel(R) Xeon(R) Processor, 2 CPUs, 23 GiB"
     was = os.environ.get("BENCH_OUTER")
     try:
