@@ -48,8 +48,9 @@ Experiments (names for --only):
            beside each hog; the rate they keep, their latency and their
            vCPUs' wait for a CPU (isolation.py; Domus only);
   scal     section 4.5: up to 128 clones (as many as the nested host
-           admits) running sysbench cpu at once, against as many native
-           processes; memory per idle clone.
+           admits; 8 with --quick; SCAL_MOST=N sets another bound) running
+           sysbench cpu at once, against as many native processes; memory
+           per idle clone.
   slice    why scal loses above one domain per CPU: 1 and 4 clones under
            sysbench cpu with the nested host's scheduler slice at its
            default and at 30 ms, alternated (timeslice.py; Domus only; run
