@@ -410,7 +410,7 @@ def describe(name, exp, cpus):
                     "(two thirds beside one hog, a half beside two). "
                     "The target compares each phase's rate with the same load alone.",
         "scal": lambda: f"{n} trial(s) of {r['seconds']} s plus 1 s per domain: up to {r['most']} {clones} (as many as admission "
-                "took, at most 128), each running `sysbench cpu --threads=1`, rates over the seconds "
+                f"took, at most {r.get('bound', 128)}), each running `sysbench cpu --threads=1`, rates over the seconds "
                 "when all ran; native: as many sysbench processes. Nested host memory per idle (paused) "
                 + (f"clone: {r['idle_mib_per_domain']:.1f} MiB." if "idle_mib_per_domain" in r
                    else "clone: not measured yet (it is measured last)."),
