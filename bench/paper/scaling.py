@@ -13,9 +13,12 @@ SCAL_MAX = 128
 
 
 def scal_most(quick):
-    """The most clones scal runs before admission's limit: SCAL_MOST, or
-    128 (8 with --quick, whose counts stop at one per vCPU of 8)."""
-    return int(os.environ.get("SCAL_MOST") or (8 if quick else SCAL_MAX))
+    """The most clones scal runs, admission's limit aside: SCAL_MOST, or
+    SCAL_MAX (8 with --quick)."""
+    v = os.environ.get("SCAL_MOST") or str(8 if quick else SCAL_MAX)
+    if not v.isdigit() or int(v) < 1:
+        raise SystemExit(f"bench/paper: SCAL_MOST must be a whole number of clones, 1 or more, not {v!r}")
+    return int(v)
 
 
 def scal(environments, run):
