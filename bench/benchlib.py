@@ -40,6 +40,13 @@ def machine():
             "kvm": "nested KVM host under QEMU TCG (tools/kvm-host)"}
 
 
+def boot_id():
+    """This (nested) host's kernel boot id, which tells one host from the
+    next: records keep it so that ratios can be taken within a host."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
 def write_markdown(here, lines):
     """Writes `here`/results.md and prints it."""
     with open(os.path.join(here, "results.md"), "w") as f:

@@ -22,7 +22,6 @@ import concurrent.futures
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -176,7 +175,8 @@ def main():
     lines = [
         "# bench/control results",
         "",
-        f"{doc['date']}, nested KVM host ({os.cpu_count()} CPUs, kernel {platform.release()}), "
+        f"{doc['date']}, nested KVM host ({doc['machine']['cpus']} CPUs, "
+        f"kernel {doc['machine']['kernel']}), "
         f"command `tools/bench-control`. Guests: the kit kernel, 128 MiB, idle.",
         "",
         "| domains | VMMs | create (s) | domains/s | API p50 (ms) | API p99 (ms) | daemon KiB/domain | accounting CPU (%) |",

@@ -23,7 +23,6 @@ tools/bench-image; writes results.json and results.md here.
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -200,7 +199,8 @@ def report(src, command):
     lines = [
         "# bench/image results",
         "",
-        f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel {platform.release()}), "
+        f"{doc['date']} on `{doc['machine']['host']}` ({doc['machine']['cpus']} CPUs, "
+        f"kernel {doc['machine']['kernel']}), "
         f"in the nested KVM host; command `{command}`; medians of {len(res['domus'])} rounds, "
         "the two VMMs alternating which goes first.",
         "",

@@ -33,7 +33,6 @@ report`, which can be run again on the lines).
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -60,8 +59,7 @@ PAIRS = [("domus-qcow2", "domus"), ("domus-qcow2", "domus-sparse"), ("domus-spar
 def host(out_path):
     """GROUPS_PER_HOST groups of VARIANTS in this (nested) host; one line per run."""
     k = R.kit()
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
+    boot = benchlib.boot_id()
     work, root, data, helper_img, helper_size = R.workspace(k, "domus-qcow2-pairs-")
     R.bridge(True)
     seq = 0
@@ -143,8 +141,8 @@ def report(lines, lost, command):
     out = [
         "# bench/io: Domus's block rows, qcow2 overlay against raw, in groups",
         "",
-        f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel "
-        f"{platform.release()}), in nested KVM hosts; command `{command}`. "
+        f"{doc['date']} on `{doc['machine']['host']}` ({doc['machine']['cpus']} CPUs, kernel "
+        f"{doc['machine']['kernel']}), in nested KVM hosts; command `{command}`. "
         f"{len(lines)} runs in {len(hosts)} nested hosts, {len(full)} groups complete "
         f"({lost} host(s) lost: silent, or a guest reset; the runs they finished are kept). "
         f"Each group runs Domus on a fallocated raw data "

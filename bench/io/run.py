@@ -64,7 +64,6 @@ import base64
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -535,8 +534,8 @@ def main():
     lines = [
         "# bench/io results",
         "",
-        f"{doc['date']} on `{platform.node()}` ({os.cpu_count()} CPUs, kernel "
-        f"{platform.release()}), in the nested KVM host; command `{os.environ.get('BENCH_COMMAND', 'tools/bench-io')}`; "
+        f"{doc['date']} on `{doc['machine']['host']}` ({doc['machine']['cpus']} CPUs, kernel "
+        f"{doc['machine']['kernel']}), in the nested KVM host; command `{os.environ.get('BENCH_COMMAND', 'tools/bench-io')}`; "
         f"medians of {RUNS} rounds; block tests {SECONDS} s each on a {DATA_MIB} MiB data "
         + ("disk (after a first write of all of it, its own row), " if "first_write_mbs" in KEYS else "disk, ")
         + f"network tests {NET_MIB} MiB each; guests have 1 vCPU and {MEMORY_MIB} MiB.",

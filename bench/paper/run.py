@@ -136,8 +136,7 @@ def nested_host():
     trial keeps it as `nested_host`, so that a ratio can be taken between
     trials one host ran (xzpair.py)."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()[:8]
+        return benchlib.boot_id()[:8]
     except OSError:
         return "unknown"
 

@@ -26,6 +26,7 @@ import json
 import os
 import struct
 
+import benchlib
 import envs
 import multi
 from envs import say
@@ -90,8 +91,7 @@ def slice_experiment(environments, run):
     # Which nested host measured each trial: hosts differ by a quarter
     # (RUNS.md), so the report sets N clones against one clone of the
     # same host only.
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        host = f.read().strip()
+    host = benchlib.boot_id()
     secs = 20 if run.quick else 30
     trials = max(run.count, 2)  # even --quick: a comparison, in turning order
     res = multi.resumed(run, "slice", {"template_mib": multi.TEMPLATE_MIB, "domains": list(COUNTS[1:]),

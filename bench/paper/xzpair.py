@@ -18,6 +18,7 @@ nothing is watched beside it.
 """
 import statistics
 
+import multi
 import workloads
 
 KEY = "xz"
@@ -32,10 +33,7 @@ def experiment(environments, run, running):
             e.sh(prep, 600)
 
     def one(e):
-        v = workloads.parse(e.sh(cmd, 1800)).get("value")
-        if v is None:
-            raise RuntimeError(f"{e.name}: xz printed no value")
-        return {KEY: v}
+        return {KEY: multi.value(e.sh(cmd, 1800), f"{e.name}: xz")}
 
     return run.trials("xzpair", environments, one)
 
