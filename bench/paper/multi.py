@@ -1,7 +1,7 @@
 """bench/paper's experiments of many domains at once: clones of one small
-template domain, made, resumed and measured here, and the paper's Figures
-4 and 5 (Figure 6 is isolation.py's, section 4.5 scaling.py's, slice
-timeslice.py's, all on these clones).
+template domain, made, resumed and measured here (the paper's Figures 4
+and 5 are figs45.py's, Figure 6 isolation.py's, section 4.5 scaling.py's,
+slice timeslice.py's, all on these clones).
 
 A Debian guest takes minutes to boot in the nested host, so N domains are
 not N cold boots: a domain `multi` of the image (TEMPLATE_MIB, one vCPU:
@@ -346,6 +346,49 @@ class Steps:
             self.clones += start_clones(self.dom, self.run, k, group, self.prepare, paused=True)
         return self.clones[:n]
 
+    def measure(self, n, fn):
+        """`fn(clones)` on the first n clones (it resumes them; they are
+        paused again after), its result. A clone that reset meanwhile (the
+        platform's triple faults) has lost what `fn` started in it, and
+        the others were measured beside its boot: it alone is made again
+        in this host (counted in clones_replaced) and `fn` runs again, at
+        most REPLACEMENTS times. Before, such a reset failed the attempt
+        and the next nested host had to bring every clone up again, which
+        at 8 clones few hosts lived through (RUNS.md, 2026-12-02)."""
+        for attempt in range(REPLACEMENTS + 1):
+            clones, lost = self.first(n), []
+            try:
+                out = fn(clones)
+                no_reset(self.dom, clones, "while measured")
+                return out
+            except Exception as e:
+                lost = reset_ones(self.dom, clones)
+                if not lost or attempt == REPLACEMENTS:
+                    raise
+                why = str(e)
+            finally:
+                for c in clones:
+                    if c.name not in lost:
+                        c.pause()
+            say(f"{', '.join(lost)}: reset while measured; making {'it' if len(lost) == 1 else 'them'} "
+                f"again and measuring {n} again ({attempt + 1}/{REPLACEMENTS})")
+            self.remake([c for c in clones if c.name in lost], why)
+
+    def remake(self, clones, why):
+        """Each of `clones` made again from the template, up, prepared
+        and paused, counted in clones_replaced."""
+        snap = template(self.dom, self.run)
+        for c in clones:
+            self.run.done.setdefault("clones_replaced", []).append(
+                {"clone": c.name, "when": "measured", "why": why[-800:]})
+            t0 = time.monotonic()
+            make_clone(self.dom, self.run, snap, c.name)
+            c.up(t0 + 300)
+            say(f"{c.name}: up again at {c.ip} after {time.monotonic() - t0:.0f} s")
+            if self.prepare:
+                self.prepare([c])
+            c.pause()
+
     def destroy(self):
         for group, k in self.groups:
             destroy(self.dom, group, k)
@@ -464,11 +507,17 @@ def no_reset(dom, clones, when):
     """Raises envs.Restarted if any of `clones` has reset (the platform's
     triple faults): it boots again without what its experiment started in
     it, and what was measured meanwhile is not its work."""
-    listed = dom.domains()
-    reset = [c.name for c in clones
-             if listed and not any(d.get("name") == c.name and d.get("restarts", 0) == 0 for d in listed)]
+    reset = reset_ones(dom, clones)
     if reset:
         raise envs.Restarted(f"{', '.join(reset)} reset {when}; {dom.evidence()}")
+
+
+def reset_ones(dom, clones):
+    """The names of those of `clones` that reset or are gone; none when
+    the daemon does not answer."""
+    listed = dom.domains()
+    return [c.name for c in clones
+            if listed and not any(d.get("name") == c.name and d.get("restarts", 0) == 0 for d in listed)]
 
 
 def resume_quiet(dom, clones):
@@ -563,168 +612,8 @@ def concurrent_rates(clones, script, secs, kind):
                    "per_vcpu_s": cpuuse.per_vcpu_second(rates, use, [c.name for c in clones])}
 
 
-def pg_script(secs, clients):
-    return (workloads.PG_ENV + f"$as_pg $pgbin/pgbench -S -P 1 -T {secs} -c {clients} -j 1 bench")
-
-
 def sysbench_script(secs):
     return f"sysbench cpu --threads=1 --time={secs} --report-interval=1 run"
-
-
-FIG5_DOMAINS = 8
-# --quick's: no nested host has yet lived through 8 clones of this load
-# at once (RUNS.md), and 4 on 2 CPUs still give each weight of 1 to 4 a
-# share below one CPU, so the weights decide.
-FIG5_DOMAINS_QUICK = 4
-# xl's default weight is 256; the weighted phase gives domain i (1 to 8)
-# i times a base, as the paper's "weights 1 to 8".
-FIG5_BASE_WEIGHT = 128
-
-
-def fig5_phases(n):
-    return {"equal": [2 * FIG5_BASE_WEIGHT] * n,
-            "weighted": [FIG5_BASE_WEIGHT * (i + 1) for i in range(n)]}
-
-
-def fig5(environments, run):
-    """Figure 5, differentiated service: 8 clones (4 --quick) each running PostgreSQL
-    under pgbench (select-only: CPU-bound, so the CPU weights decide; the
-    paper showed OSDB-IR's shares) at once, first with equal weights, then
-    with weights 1 to N (`domus sched-credit -w`); each domain's
-    transactions per second, and its share of the total against its
-    weight's share."""
-    dom = domus_of(environments)
-    n = FIG5_DOMAINS_QUICK if run.quick else FIG5_DOMAINS
-    secs = 20 if run.quick else 40
-    # Each trial is saved as it ends: a nested host that dies in the
-    # weighted phase leaves the equal one's trials to the next.
-    res = resumed(run, "fig5", {"template_mib": TEMPLATE_MIB, "domains": n, "seconds": secs},
-                  key="phases")
-    try:
-        clones = start_clones(dom, run, n, "pg")
-        # Each clone's PostgreSQL was running when the template was saved.
-        sh_all(clones, workloads.PG_ENV + "for i in $(seq 60); do $as_pg $pgbin/pg_isready -q "
-               "&& exit 0; sleep 1; done; exit 1", 120)
-        for phase, weights in fig5_phases(n).items():
-            p = res["phases"].setdefault(phase, {"weights": weights, "tps": [], "windows": []})
-            if len(p["tps"]) >= run.count:
-                continue
-            for c, w in zip(clones, weights):
-                dom.domus("sched-credit", "-d", c.name, "-w", str(w))
-            for t in range(len(p["tps"]), run.count):
-                tps, window = concurrent_rates(clones, pg_script(secs, 2), secs, "pgbench")
-                say(f"fig5: {phase} trial {t + 1}: tps " + ", ".join(f"{v:.0f}" for v in tps)
-                    + f" (starts {window['spread_s']} s apart)" + cpu_note(window["cpu"]))
-                p["tps"].append(tps)
-                p["windows"].append(window)
-                run.save()
-        return res
-    finally:
-        destroy(dom, "pg", n)
-
-
-FIG4_COUNTS = [1, 2, 4, 8, 16]
-
-
-def fig4(environments, run):
-    """Figure 4, concurrent domains: 1, 2, 4, 8 and 16 clones each serving
-    the web workload (an nginx of one worker on the clone's vCPU) to its
-    own wrk in the nested host, all at once; their aggregate requests per
-    second against as many native nginx instances (one worker each, on the
-    native environment's CPUs) under the same wrk load. Clones not in a
-    count are paused."""
-    dom = domus_of(environments)
-    native = next((e for e in environments if e.name == "native"), None)
-    # --quick stops at 8, as scal's does: 16 clones' bring-up alone takes
-    # the nested host most of the life it tends to have under that load.
-    counts = [n for n in FIG4_COUNTS if n <= 8] if run.quick else FIG4_COUNTS
-    most = max(counts)
-    script = os.path.join(run.work, "pages.lua")
-    with open(script, "w") as f:
-        f.write(workloads.WRK_SCRIPT)
-    secs = 5 if run.quick else 20
-    res = resumed(run, "fig4", {"template_mib": TEMPLATE_MIB, "counts": counts, "seconds": secs})
-    if native is not None:
-        native.sh(" && ".join(f"(mkdir -p web{i} && cd web{i} && "
-                              + workloads.web_prepare(native.helper, workloads.WEB_PORT + i, 1) + ")"
-                              for i in range(most)), 600)
-    steps = Steps(dom, run, "web", lambda new: sh_all(
-        new, workloads.web_prepare(envs.GUEST_HELPER, workloads.WEB_PORT, 1), 300))
-    try:
-        def wrk_all(targets, clones=None):
-            try:
-                return at_once([lambda ip=ip, port=port: wrk(ip, port, secs, script) for ip, port in targets])
-            except RuntimeError as e:
-                if not clones:
-                    raise
-                raise RuntimeError(f"{e}\n{web_evidence(dom, clones)}") from e
-
-        for t, name, n, got in lacking_cells(res, run, native, counts):
-            if name == "native":
-                each, use = cpuuse.during(
-                    dom, lambda: wrk_all([("127.0.0.1", workloads.WEB_PORT + i) for i in range(n)]))
-                per_vcpu, extra = None, {}
-            else:
-                clones = steps.first(n)
-                targets = [(c.ip, workloads.WEB_PORT) for c in clones]
-                at = time.time()
-                for c in clones:
-                    c.resume()
-                try:
-                    # Once right after the resume, as the records
-                    # before 2026-11-30 measured, then once the
-                    # clones are quiet (`quiet`): the difference is
-                    # what the resume's own work cost.
-                    first, first_use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
-                    settle = quiet(dom, clones)
-                    each, use = cpuuse.during(dom, lambda: wrk_all(targets, clones))
-                    per_vcpu = cpuuse.per_vcpu_second(each, use, [c.name for c in clones])
-                    kills = [len(u) for u in watchdog_timeouts(clones, at)]
-                finally:
-                    for c in clones:
-                        c.pause()
-                extra = {"at_resume": {"total": sum(first), "each": first, "cpu": first_use},
-                         "settle_s": settle, "watchdog_timeouts": kills}
-                say(f"fig4: trial {t + 1}: domus, {n} server(s): {sum(first):.0f} req/s right "
-                    f"after the resume; quiet {settle:.0f} s later; systemd's watchdog timeouts "
-                    f"since the resume: {kills}")
-            say(f"fig4: trial {t + 1}: {name}, {n} server(s): {sum(each):.0f} req/s"
-                + cpu_note(use))
-            got.append({"total": sum(each), "each": each, "cpu": use, "per_vcpu_s": per_vcpu,
-                        **extra})
-            run.save()
-        return res
-    finally:
-        steps.destroy()
-        if native is not None:
-            native.sh("; ".join(f"(cd web{i} && {workloads.web_stop()})" for i in range(most))
-                      + "; true", 60)
-
-
-def web_evidence(dom, clones):
-    """What each web clone says about its address and its nginx, and whom
-    the nested host reaches at the clone's address, after a wrk that
-    failed (a clone's server refused a connection at the start of fig4's
-    8-server count once, 2026-11-30)."""
-    probe = ("ip -4 -o addr show scope global | awk '{print $2, $4}'; "
-             f"ss -ltn | grep -c ':{workloads.WEB_PORT} ' | sed 's/^/listening on {workloads.WEB_PORT}: /'; "
-             "pgrep -c nginx | sed 's/^/nginx processes: /'; tail -n 3 nginx.err 2>/dev/null; "
-             "sudo -n dmesg 2>/dev/null | grep -iE 'oom|killed process' | tail -n 3; "
-             "sudo -n journalctl -q -b --no-pager -p warning 2>/dev/null | tail -n 5")
-    out = []
-    for c in clones:
-        try:
-            said = c.sh(probe, 60)
-        except Exception as e:  # evidence only: a clone that does not answer says so
-            said = f"no answer: {str(e)[:200]}"
-        neigh = subprocess.run(["ip", "neigh", "show", c.ip], capture_output=True, text=True).stdout.strip()
-        out.append(f"{c.name} (leased {c.ip}; the nested host's neighbour entry: {neigh or 'none'}):\n"
-                   + said.strip())
-    try:
-        out.append("leases: " + dom.domus("network-list", "--json", check=False)[:1500])
-    except OSError:
-        pass
-    return "\n".join(out)
 
 
 def cpu_note(use):
@@ -752,3 +641,91 @@ def wrk(ip, port, secs, script):
 
 def domus_of(environments):
     return next(e for e in environments if e.name == "domus")
+
+
+def _test():
+    """`multi.py`: Steps.measure makes a clone that reset again, in this
+    host, and measures again; any other failure ends the attempt."""
+    import tempfile
+    import types
+
+    class Dom:
+        def __init__(self, state):
+            self.state, self.calls, self.restarts = state, [], {}
+
+        def domus(self, *args, check=True):
+            self.calls.append(args[:2])
+            if args[0] == "create":
+                with open(args[1]) as f:
+                    self.restarts[f.read().split("'")[1]] = 0
+            return ""
+
+        def domains(self):
+            return [{"name": k, "restarts": v} for k, v in self.restarts.items()]
+
+        def evidence(self, *_):
+            return "evidence"
+
+    class Clone:
+        def __init__(self, dom, name):
+            self.dom, self.name, self.ip, self.paused = dom, name, "10.0.0.1", True
+
+        def up(self, deadline):
+            self.ip = "10.0.0.2"
+
+        def pause(self):
+            self.paused = True
+
+        def resume(self):
+            self.paused = False
+
+    with tempfile.TemporaryDirectory() as d:
+        dom = Dom(d)
+        run = types.SimpleNamespace(work=d, snap="snap", done={})
+        steps = Steps(dom, run, "t")
+        steps.clones = [Clone(dom, f"t-{i}") for i in (1, 2)]
+        dom.restarts = {"t-1": 0, "t-2": 0}
+        tries = []
+
+        def fn(clones):
+            tries.append([c.ip for c in clones])
+            if len(tries) == 1:  # t-2 reset in the measurement, which failed
+                dom.restarts["t-2"] = 1
+                raise RuntimeError("ssh: no answer")
+            if len(tries) == 2:  # t-1 reset after a measurement that went on
+                dom.restarts["t-1"] = 1
+            return "rates"
+
+        assert steps.measure(2, fn) == "rates"
+        assert tries == [["10.0.0.1"] * 2, ["10.0.0.1", "10.0.0.2"], ["10.0.0.2"] * 2]
+        assert [r["clone"] for r in run.done["clones_replaced"]] == ["t-2", "t-1"]
+        assert all(r["when"] == "measured" for r in run.done["clones_replaced"])
+        assert all(c.paused for c in steps.clones)
+        assert ("create", os.path.join(d, "t-1.cfg")) in dom.calls
+
+        # A failure with no clone reset is the attempt's.
+        def broken(clones):
+            raise RuntimeError("sysbench printed nothing")
+        try:
+            steps.measure(2, broken)
+            raise AssertionError("a failure without a reset was retried")
+        except RuntimeError as e:
+            assert "printed nothing" in str(e)
+        assert len(run.done["clones_replaced"]) == 2 and all(c.paused for c in steps.clones)
+
+        # A clone that resets every time: REPLACEMENTS times made again, then
+        # the attempt fails (the next nested host's).
+        def resets(clones):
+            dom.restarts["t-1"] = 1
+            return "rates"
+        try:
+            steps.measure(2, resets)
+            raise AssertionError("a clone that always resets was measured")
+        except envs.Restarted as e:
+            assert "t-1 reset while measured" in str(e)
+        assert len(run.done["clones_replaced"]) == 2 + REPLACEMENTS
+
+
+if __name__ == "__main__":
+    _test()
+    print("multi: ok")

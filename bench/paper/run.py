@@ -103,6 +103,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchlib  # noqa: E402
 import envs  # noqa: E402
+import figs45  # noqa: E402
 import isolation  # noqa: E402
 import kvmstat  # noqa: E402
 import multi  # noqa: E402
@@ -588,7 +589,7 @@ def measure(out, only, quick):
             these = environments if name in MULTI else run.lacking(name, environments)
             say(f"{name}: {trials(quick)} trial(s) in {', '.join(e.name for e in these)}")
             res = {"fig3": fig3, "pg": pg, "web": web, "osbench": osbench, "net": net,
-                   "fig4": multi.fig4, "fig5": multi.fig5, "fig6": isolation.fig6,
+                   "fig4": figs45.fig4, "fig5": figs45.fig5, "fig6": isolation.fig6,
                    "fig6rate": isolation.fig6rate,
                    "scal": scaling.scal, "slice": timeslice.slice_experiment,
                    "xzmem": lambda these, run: xzmem.experiment(these, run, running),

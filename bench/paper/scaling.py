@@ -48,15 +48,12 @@ def scal(environments, run):
                 each, use = cpuuse.during(dom, lambda: native_sysbench(native, n, secs + n))
                 window = {"cpu": use}
             else:
-                clones = steps.first(n)
-                try:
+                def measure(clones):
                     settle = resume_quiet(dom, clones)
                     # N SSH logins take longer to start them all.
-                    each, window = concurrent_rates(clones, sysbench_script(secs + n),
-                                                    secs + n, "sysbench")
-                finally:
-                    for c in clones:
-                        c.pause()
+                    return settle, *concurrent_rates(clones, sysbench_script(secs + n), secs + n, "sysbench")
+
+                settle, each, window = steps.measure(n, measure)
             say(f"scal: trial {t + 1}: {name}, {n}: {sum(each):.0f} events/s "
                 f"(each {min(each):.0f} to {max(each):.0f})" + cpu_note(window["cpu"]))
             got.append({"total": sum(each), "each": each, "window": window,

@@ -99,16 +99,15 @@ def slice_experiment(environments, run):
     steps = multi.Steps(dom, run, "sl")
 
     def measure(t, label, own, n):
-        clones = steps.first(n)
-        try:
-            vcpu_slices(dom, clones, own)
-            multi.resume_quiet(dom, clones)
-            each, window = multi.concurrent_rates(clones, multi.sysbench_script(secs + n),
-                                                  secs + n, "sysbench")
-        finally:
-            for c in clones:
-                c.pause()
-            vcpu_slices(dom, clones, 0)
+        def one(clones):
+            try:
+                vcpu_slices(dom, clones, own)
+                multi.resume_quiet(dom, clones)
+                return multi.concurrent_rates(clones, multi.sysbench_script(secs + n), secs + n, "sysbench")
+            finally:
+                vcpu_slices(dom, clones, 0)
+
+        each, window = steps.measure(n, one)
         say(f"slice: trial {t + 1}: {label} ({(own or default) / 1e6:.2f} ms), {n}: "
             f"{sum(each):.0f} events/s" + multi.cpu_note(window["cpu"]))
         res["runs"].setdefault(label, {}).setdefault(str(n), []).append(

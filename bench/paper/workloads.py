@@ -4,7 +4,6 @@ as shell commands that print `key=value` lines, with what each row means.
 Each row has a unit, and says whether more is better; the report turns
 every row into a score relative to native (more is better) either way.
 """
-import os
 import random
 import re
 import subprocess
