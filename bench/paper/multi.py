@@ -245,22 +245,7 @@ def start_clones(dom, run, n, prefix, prepare=None, paused=False):
             make_clone(dom, run, snap, c.name)
         deadline = time.monotonic() + 120 + 60 * len(new)
         for c in new:
-            for attempt in range(REPLACEMENTS + 1):
-                try:
-                    c.up(deadline)
-                    units = watchdog_timeouts([c])[0]
-                    say(f"{c.name}: up at {c.ip} after {time.monotonic() - t0:.0f} s"
-                        + (f"; systemd's watchdog timed out for {', '.join(units)}" if units else ""))
-                    break
-                except envs.Restarted as e:
-                    # The nested host's triple faults (README, known
-                    # issues): this clone alone is made again, counted.
-                    if attempt == REPLACEMENTS:
-                        raise
-                    say(f"{c.name}: the clone reset before it was up; making it again")
-                    run.done.setdefault("clones_replaced", []).append({"clone": c.name, "why": str(e)[:800]})
-                    replace(dom, run, snap, c.name)
-                    deadline = max(deadline, time.monotonic() + 300)
+            deadline = bring_up(dom, run, snap, c, deadline, t0)
         if prepare:
             prepare(new)
         clones += new
@@ -274,6 +259,27 @@ def start_clones(dom, run, n, prefix, prepare=None, paused=False):
     say(f"{n} clones up in {time.monotonic() - t0:.0f} s: "
         + ", ".join(f"{c.name} {c.ip}" for c in clones))
     return clones
+
+
+def bring_up(dom, run, snap, c, deadline, t0):
+    """Waits until clone `c` (made) is up, by `deadline`; one that reset
+    before it was up (the nested host's triple faults, README, known
+    issues) is made again, counted, at most REPLACEMENTS times, each with
+    at least 300 s more. The deadline it ended with."""
+    for attempt in range(REPLACEMENTS + 1):
+        try:
+            c.up(deadline)
+            units = watchdog_timeouts([c])[0]
+            say(f"{c.name}: up at {c.ip} after {time.monotonic() - t0:.0f} s"
+                + (f"; systemd's watchdog timed out for {', '.join(units)}" if units else ""))
+            return deadline
+        except envs.Restarted as e:
+            if attempt == REPLACEMENTS:
+                raise
+            say(f"{c.name}: the clone reset before it was up; making it again")
+            run.done.setdefault("clones_replaced", []).append({"clone": c.name, "why": str(e)[:800]})
+            replace(dom, run, snap, c.name)
+            deadline = max(deadline, time.monotonic() + 300)
 
 
 def make_clone(dom, run, snap, name):
@@ -383,8 +389,7 @@ class Steps:
                 {"clone": c.name, "when": "measured", "why": why[-800:]})
             t0 = time.monotonic()
             make_clone(self.dom, self.run, snap, c.name)
-            c.up(t0 + 300)
-            say(f"{c.name}: up again at {c.ip} after {time.monotonic() - t0:.0f} s")
+            bring_up(self.dom, self.run, snap, c, t0 + 300, t0)
             if self.prepare:
                 self.prepare([c])
             c.pause()
@@ -672,6 +677,9 @@ def _test():
 
         def up(self, deadline):
             self.ip = "10.0.0.2"
+
+        def sh(self, cmd, timeout):
+            return ""  # no watchdog timeouts in its journal
 
         def pause(self):
             self.paused = True
