@@ -275,6 +275,55 @@ class Guest:
         raise RuntimeError(f"{self.name}: no SSH login within {UP_TIMEOUT_S} s")
 
 
+def net_state(sock):
+    """Each interface of the VMM at `sock` (GET /v1/devices): its tap,
+    the device's counters, and the host kernel's for the tap (`ip -s
+    link`: its tx is what the host handed the guest, its tx dropped what
+    the tap's queue dropped because the VMM did not read it) with its
+    state. {} when the VMM does not answer."""
+    try:
+        status, body = domus_api.request(sock, "GET", "/v1/devices", timeout=10)
+        devices = json.loads(body) if status == 200 else []
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for dv in devices:
+        tap = (dv.get("info") or {}).get("tap")
+        if dv.get("type") != "net" or not tap:
+            continue
+        link = {}
+        try:
+            r = subprocess.run(["ip", "-j", "-s", "link", "show", "dev", tap],
+                               capture_output=True, text=True, timeout=10)
+            got = json.loads(r.stdout) if r.returncode == 0 else []
+            if got:
+                link = {"state": got[0].get("operstate"), "flags": got[0].get("flags"),
+                        **{f"{way}_{k}": v for way in ("rx", "tx")
+                           for k, v in got[0].get("stats64", {}).get(way, {}).items()}}
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+        out[dv.get("id", tap)] = {"tap": tap, "device": dv.get("counters", {}), "link": link}
+    return out
+
+
+def net_moved(before, after):
+    """Lines saying what moved on each interface between two net_state
+    readings."""
+    out = []
+    for dev, a in sorted(after.items()):
+        b = before.get(dev, {})
+
+        def moved(side, key):
+            return a[side].get(key, 0) - b.get(side, {}).get(key, 0)
+        out.append(
+            f"{dev} (tap {a['tap']}, {a['link'].get('state')}): the host handed its tap "
+            f"{moved('link', 'tx_packets')} frames ({moved('link', 'tx_dropped')} dropped there) "
+            f"and took {moved('link', 'rx_packets')}; the device delivered "
+            f"{moved('device', 'rx_packets')} (dropped {moved('device', 'rx_dropped')}, "
+            f"{moved('device', 'rx_kicks')} receive kicks) and sent {moved('device', 'tx_packets')}")
+    return out or ["no interface counters (the VMM did not answer /v1/devices)"]
+
+
 class Domus(Guest):
     """A domain of the daemon's, created from the image as a user would
     (`image = NAME`: qcow2 overlay, cloud-init seed, default network, VFR,
@@ -408,6 +457,21 @@ class Domus(Guest):
         dest = os.path.join(CAPTURES, time.strftime("%Y%m%d-%H%M%S-") + name)
         os.makedirs(dest, exist_ok=True)
         sock = os.path.join(self.state, "domains", str(d["id"]), "api.sock")
+        # The rings are read twice a second apart while ping is sent to
+        # the guest, and the interfaces' counters (the VMM's device's and
+        # the host kernel's for its tap) before and after: a receive ring
+        # with buffers posted and none used then says whether the host
+        # handed the tap no frame (nobody sent to it), the VMM left them
+        # in the tap (its tx dropped grows), or took them and delivered
+        # none.
+        before = net_state(sock)
+        ping, ping_lines = None, []
+        if ip:
+            try:
+                ping = subprocess.Popen(["ping", "-c", "3", "-W", "1", ip],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            except OSError as e:
+                ping_lines = [f"ping {ip}: {e}"]
         readings = []
         for i in range(2):
             if i:
@@ -415,8 +479,18 @@ class Domus(Guest):
             # A VMM too wedged to answer its API in 10 s says so too.
             status, body = domus_api.request(sock, "GET", "/v1/domain/rings", timeout=10)
             readings.append(json.loads(body) if status == 200 else [])
+        if ping is not None:
+            try:
+                text = ping.communicate(timeout=15)[0]
+            except subprocess.TimeoutExpired:
+                ping.kill()
+                text = ping.communicate()[0] + "\n(ping did not end in 15 s)"
+            ping_lines = [f"ping {ip}: {line}" for line in text.splitlines()
+                          if "transmitted" in line or "did not end" in line]
+        after = net_state(sock)
         with open(os.path.join(dest, "rings.json"), "w") as f:
-            json.dump({"first": readings[0], "second": readings[1]}, f, indent=1)
+            json.dump({"first": readings[0], "second": readings[1],
+                       "net_before": before, "net_after": after}, f, indent=1)
         console = os.path.join(self.state, "domains", str(d["id"]), "console.log")
         r = subprocess.run([sys.executable, SOAK, "capture", str(d["pid"]), dest]
                            + (["--console", console] if os.path.isfile(console) else []),
@@ -431,11 +505,15 @@ class Domus(Guest):
                        f"{v.get('fired')} masked {v.get('masked')} pending {v.get('pending')}"
                        + (" (held)" if q in readings[0] else " (moved)"))
         if ip:
+            out += ping_lines
+            out += net_moved(before, after)
             try:
-                p = subprocess.run(["ping", "-c", "3", "-W", "1", ip], capture_output=True, text=True)
-                out += [f"ping {ip}: {line}" for line in p.stdout.splitlines() if "transmitted" in line]
-            except OSError as e:
-                out.append(f"ping {ip}: {e}")
+                n = subprocess.run(["ip", "neigh", "show", ip], capture_output=True, text=True, timeout=10)
+                out.append(f"neighbour {ip}: {n.stdout.strip() or 'none'}")
+            except (OSError, subprocess.SubprocessError) as e:
+                out.append(f"neighbour {ip}: {e}")
+            now = self.lease(name)
+            out.append(f"lease of {name} now: {now}" + (" (the same)" if now == ip else " (changed)"))
         return "\n".join(out)
 
     def seed(self):
