@@ -12,7 +12,7 @@ import cpuuse
 import envs
 import workloads
 from envs import say
-from multi import TEMPLATE_MIB, at_once, cpu_note, destroy, domus_of, no_reset, start_clones, value, wrk
+from multi import TEMPLATE_MIB, at_once, cpu_note, destroy, domus_of, no_reset, start_clones, wrk
 
 
 # Figure 6's antisocial domains: each runs its hog in a loop from its
@@ -127,7 +127,7 @@ def flat_out(clones, secs, script, quick):
     under wrk (4 connections), PostgreSQL's pgbench -S transactions/s."""
     web, pg = at_once([
         lambda: wrk(clones["web"].ip, workloads.WEB_PORT, secs, script),
-        lambda: value(clones["pg"].sh(workloads.pg_command("pg_ro", 1, quick, secs), 600), "pg's pgbench")])
+        lambda: workloads.value(clones["pg"].sh(workloads.pg_command("pg_ro", 1, quick, secs), 600), "pg's pgbench")])
     return {"web": web, "pg": pg}
 
 

@@ -562,13 +562,6 @@ def sh_all(clones, cmd, timeout):
     return at_once([lambda c=c: c.sh(cmd, timeout) for c in clones])
 
 
-def value(out, what):
-    v = workloads.parse(out).get("value")
-    if v is None:
-        raise RuntimeError(f"{what} printed no value: {out[-300:]!r}")
-    return v
-
-
 # Per-second progress lines: (seconds since the start, rate).
 PROGRESS = {
     "sysbench": re.compile(r"^\[\s*(\d+)s\s*\].*?eps:\s*([0-9.]+)", re.M),

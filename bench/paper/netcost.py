@@ -100,10 +100,7 @@ def experiment(environments, run, running, server_ip, name="netcost", dom=None):
     def command(e, key):
         _, mtu, reverse = workloads.NET_ROWS[key]
         out = e.sh(workloads.net_command(server_ip(e), mtu, reverse, run.quick), 600)
-        v = workloads.parse(out).get("value")
-        if v is None:
-            raise RuntimeError(f"{e.name}: iperf3 ({key}) printed no value")
-        return v
+        return workloads.value(out, f"{e.name}: iperf3 ({key})")
 
     def used(e):
         return workloads.parse(e.sh(USED_MEM, 60))

@@ -280,10 +280,7 @@ def fig3(environments, run):
             t0 = time.monotonic()
             out = e.sh(cmd, 1800)
             secs = time.monotonic() - t0
-            v = workloads.parse(out).get("value")
-            if v is None:
-                raise RuntimeError(f"{e.name}: {key} printed no value")
-            vals[key] = v
+            vals[key] = workloads.value(out, f"{e.name}: {key}")
             if watch:
                 costs.update(kvmstat.flat(key, kvmstat.moved(before, kvmstat.snapshot()), secs))
         vals.update(costs)
@@ -313,10 +310,8 @@ def pg(environments, run):
     def one(e):
         vals = {}
         for key in workloads.PG_ROWS:
-            v = workloads.parse(e.sh(workloads.pg_command(key, VCPUS, run.quick), 900)).get("value")
-            if v is None:
-                raise RuntimeError(f"{e.name}: pgbench ({key}) printed no tps")
-            vals[key] = v
+            vals[key] = workloads.value(e.sh(workloads.pg_command(key, VCPUS, run.quick), 900),
+                                        f"{e.name}: pgbench ({key})")
         return vals
 
     try:
@@ -366,10 +361,8 @@ def net(environments, run):
             to = net_server(e)
             vals = {}
             for key, (_, mtu, reverse) in workloads.NET_ROWS.items():
-                v = workloads.parse(e.sh(workloads.net_command(to, mtu, reverse, run.quick), 600)).get("value")
-                if v is None:
-                    raise RuntimeError(f"{e.name}: iperf3 ({key}) printed no value")
-                vals[key] = v
+                vals[key] = workloads.value(e.sh(workloads.net_command(to, mtu, reverse, run.quick), 600),
+                                            f"{e.name}: iperf3 ({key})")
             return vals
 
         return run.trials("net", environments, one)

@@ -289,3 +289,12 @@ def parse(out):
                 pass
     return vals
 
+
+def value(out, what):
+    """The `value=` a workload's command printed (parse's), or a
+    RuntimeError naming `what` printed none, with the output's end."""
+    v = parse(out).get("value")
+    if v is None:
+        raise RuntimeError(f"{what} printed no value: {out[-300:]!r}")
+    return v
+

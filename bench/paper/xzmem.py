@@ -101,9 +101,8 @@ def experiment(environments, run, running):
         out = e.sh("bash xzprobe.sh", 1800)
         secs, h1 = time.monotonic() - t0, host_cpu()
         vals = workloads.parse(out)
-        if "value" not in vals:
-            raise RuntimeError(f"{e.name}: the xz probe printed no value: {out[-300:]}")
-        vals["xz"] = vals.pop("value")
+        vals["xz"] = workloads.value(out, f"{e.name}: the xz probe")
+        vals.pop("value")
         vals.update({f"host.{k}": h1[k] - h0[k] for k in h0})
         if watch:
             vals.update(kvmstat.flat("xz", kvmstat.moved(before, kvmstat.snapshot()), secs))

@@ -18,7 +18,6 @@ nothing is watched beside it.
 """
 import statistics
 
-import multi
 import workloads
 
 KEY = "xz"
@@ -33,7 +32,7 @@ def experiment(environments, run, running):
             e.sh(prep, 600)
 
     def one(e):
-        return {KEY: multi.value(e.sh(cmd, 1800), f"{e.name}: xz")}
+        return {KEY: workloads.value(e.sh(cmd, 1800), f"{e.name}: xz")}
 
     return run.trials("xzpair", environments, one)
 
