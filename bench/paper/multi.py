@@ -91,7 +91,7 @@ def template(dom, run):
         run.snap = cached
         return cached
     t = Domain(run.work, dom.key, dom, TEMPLATE, dom.config(TEMPLATE, TEMPLATE_MIB, TEMPLATE_VCPUS))
-    envs.boot(t, run.done)
+    envs.boot(t, run)
     say(f"{TEMPLATE}: preparing the template")
     template_prepare(t, run.quick)
     snap = os.path.join(dom.snaps, f"{TEMPLATE}-{int(time.time())}.snap")
@@ -277,9 +277,18 @@ def bring_up(dom, run, snap, c, deadline, t0):
             if attempt == REPLACEMENTS:
                 raise
             say(f"{c.name}: the clone reset before it was up; making it again")
-            run.done.setdefault("clones_replaced", []).append({"clone": c.name, "why": str(e)[:800]})
+            count_replaced(run, {"clone": c.name, "why": str(e)[:800]})
             replace(dom, run, snap, c.name)
             deadline = max(deadline, time.monotonic() + 300)
+
+
+def count_replaced(run, record):
+    """Counts a clone made again (results' clones_replaced) and saves the
+    count at once: the nested host that reset one often dies soon after
+    (RUNS.md, 2026-12-03), and a count kept until the next trial's save
+    would die with it."""
+    run.done.setdefault("clones_replaced", []).append(record)
+    run.save()
 
 
 def make_clone(dom, run, snap, name):
@@ -299,7 +308,7 @@ def make_clone(dom, run, snap, name):
             if attempt == REPLACEMENTS or not faulted:
                 raise
             say(f"{name}: the clone triple-faulted while it was made; making it again")
-            run.done.setdefault("clones_replaced", []).append({"clone": name, "why": why[-800:]})
+            count_replaced(run, {"clone": name, "why": why[-800:]})
 
 
 def replace(dom, run, snap, name):
@@ -385,8 +394,7 @@ class Steps:
         and paused, counted in clones_replaced."""
         snap = template(self.dom, self.run)
         for c in clones:
-            self.run.done.setdefault("clones_replaced", []).append(
-                {"clone": c.name, "when": "measured", "why": why[-800:]})
+            count_replaced(self.run, {"clone": c.name, "when": "measured", "why": why[-800:]})
             t0 = time.monotonic()
             make_clone(self.dom, self.run, snap, c.name)
             bring_up(self.dom, self.run, snap, c, t0 + 300, t0)
@@ -682,7 +690,9 @@ def _test():
 
     with tempfile.TemporaryDirectory() as d:
         dom = Dom(d)
+        saved = []
         run = types.SimpleNamespace(work=d, snap="snap", done={})
+        run.save = lambda: saved.append(len(run.done.get("clones_replaced", [])))
         steps = Steps(dom, run, "t")
         steps.clones = [Clone(dom, f"t-{i}") for i in (1, 2)]
         dom.restarts = {"t-1": 0, "t-2": 0}
@@ -701,6 +711,8 @@ def _test():
         assert tries == [["10.0.0.1"] * 2, ["10.0.0.1", "10.0.0.2"], ["10.0.0.2"] * 2]
         assert [r["clone"] for r in run.done["clones_replaced"]] == ["t-2", "t-1"]
         assert all(r["when"] == "measured" for r in run.done["clones_replaced"])
+        # Each saved as it was counted, before the clone was made again.
+        assert saved == [1, 2], saved
         assert all(c.paused for c in steps.clones)
         assert ("create", os.path.join(d, "t-1.cfg")) in dom.calls
 

@@ -91,7 +91,7 @@ def experiment(environments, run, running, server_ip, name="netcost", dom=None):
         env, _, domain, vif, *_ = VARIANTS[name]
         variant = envs.DomusVariant(dom, env, domain, "", vif=vif)
         if run.lacking(name, [variant]):
-            envs.boot(variant, run.done)
+            envs.boot(variant, run)
             variant.pause()
             environments = list(environments) + [variant]
     server = subprocess.Popen(["iperf3", "-s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -332,7 +332,7 @@ def report(src, command=None):
              "environment's trials; scores relative to native, more is better. Nested-host attempts "
              f"that failed (most because the host died) and were run again in a fresh host: "
              f"{doc['retried']}; guest boots run again after a reset: "
-             f"{len(doc['boots_retried'])}; clones made again after a reset before they were up: "
+             f"{len(doc['boots_retried'])}; clones made again after a reset (before they were up or while measured): "
              f"{len(doc['clones_replaced'])}.", ""]
     # A partial experiment's machines are in its partial record.
     where = dict(doc["measured_on"], **{x: e.get("measured_on") or [] for x, e in exps.items()

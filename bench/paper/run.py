@@ -558,7 +558,7 @@ def measure(out, only, quick):
         need = {n for x in singles for n in run.lacking(x, ["native", "domus"] + [p.name for p in peers])}
         peers = [p for p in peers if p.name in need]
         if "domus" in need:
-            envs.boot(dom, done)
+            envs.boot(dom, run)
             dom.pause()
         elif peers:
             # The peers boot with a copy of the cloud-init seed the daemon
@@ -570,7 +570,7 @@ def measure(out, only, quick):
         if peers and "domus" not in need:
             dom.domus("destroy", "paper")
         for g in environments[2:]:
-            envs.boot(g, done)
+            envs.boot(g, run)
             g.pause()
         done["machine"] = benchlib.machine()
         done["config"] = {"vcpus": VCPUS, "memory_mib": MEMORY_MIB, "image": IMAGE,
@@ -668,6 +668,19 @@ def _test():
                 {"partial": {"x": {"quick": False, "runs": {"a": kept}}}}, False, d)
         assert r.lacking("x", ["a"]) == []
         assert r.trials("x", r.lacking("x", []), None) == {"a": kept[:r.count]}
+        # A boot run again after a reset is counted in the file at once,
+        # before the next boot: the host may die before the trial's save.
+        class Resets:
+            name, starts = "g", 0
+
+            def start(self):
+                self.starts += 1
+                if self.starts == 1:
+                    raise envs.Restarted("g: the guest reset")
+
+        assert envs.boot(Resets(), r) == 1
+        with open(os.path.join(d, "raw.json")) as f:
+            assert [b["env"] for b in json.load(f)["boots_retried"]] == ["g"]
     # A run that measured nothing is not quoted as one that measured; the
     # next one is, once.
     raw = {"commands": ["a"], "measured_nothing": True}

@@ -115,7 +115,7 @@ def experiment(environments, run, running, vcpus, name="webcost", dom=None):
     if name == "webllc":
         variant = envs.DomusVariant(dom, VARIANT, "paperllc", no_shared_llc())
         if run.lacking(name, [variant]):
-            envs.boot(variant, run.done)
+            envs.boot(variant, run)
             variant.pause()
             environments = list(environments) + [variant]
     script = os.path.join(run.work, "pages.lua")
