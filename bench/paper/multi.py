@@ -503,9 +503,10 @@ def quiet(dom, clones, max_s=QUIET_MAX_S):
             try:
                 tops = sh_all(busy, "top -b -n 2 -d 1 -w 200 | awk '/^top -/ {n++} "
                               "n == 2 && $1 ~ /^[0-9]+$/ {print $9 \"% \" $12}' | head -n 4 | paste -sd ';'", 60)
+                say("still busy after 20 s: " + "; ".join(f"{c.name} ({t.strip()})" for c, t in zip(busy, tops)))
             except Exception as e:  # for the log only
-                tops = [f"no answer: {str(e)[:120]}"] * len(busy)
-            say("still busy after 20 s: " + "; ".join(f"{c.name} ({t.strip()})" for c, t in zip(busy, tops)))
+                # sh_all's one error names the clone that failed, not each
+                say(f"still busy after 20 s: {', '.join(c.name for c in busy)} (top: {str(e)[:160]})")
     waited = time.monotonic() - t0
     # A clone that reset meanwhile (the platform's triple faults) is busy
     # booting again, and comes back without what its experiment started in
