@@ -159,13 +159,21 @@ def osbench_tables(exp):
     return rows, lines
 
 
+_TOLD = []
+
+
 def pyplot():
-    """matplotlib's pyplot, without a display; None where it is missing."""
+    """matplotlib's pyplot, without a display; None where it is missing,
+    said once, since results.md then loses its plots' links."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        if not _TOLD:
+            _TOLD.append(True)
+            print(f"bench/paper: no matplotlib for {sys.executable} (Debian's python3-matplotlib is for "
+                  "/usr/bin/python3): results.md is written without its plots", file=sys.stderr)
         return None
     return plt
 
