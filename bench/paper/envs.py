@@ -67,16 +67,14 @@ def rotate(xs, i):
 def boot(guest, run):
     """Boots `guest` (its start()), again (at most twice more) when it
     resets on the way: the nested host's triple faults (README, known
-    issues), counted in `run.done`'s boots_retried and saved at once (a
-    host that resets a guest often dies soon after)."""
+    issues), counted in boots_retried (`run.note_retry`)."""
     for attempt in range(3):
         try:
             guest.start()
             return attempt
         except Restarted as e:
             say(f"{guest.name}: the guest reset while booting; booting it again: {e}")
-            run.done.setdefault("boots_retried", []).append({"env": guest.name, "why": str(e)[:500]})
-            run.save()
+            run.note_retry("boots_retried", {"env": guest.name, "why": str(e)[:500]})
     raise RuntimeError(f"{guest.name}: the guest reset in three boots in a row")
 
 

@@ -277,18 +277,9 @@ def bring_up(dom, run, snap, c, deadline, t0):
             if attempt == REPLACEMENTS:
                 raise
             say(f"{c.name}: the clone reset before it was up; making it again")
-            count_replaced(run, {"clone": c.name, "why": str(e)[:800]})
+            run.note_retry("clones_replaced", {"clone": c.name, "why": str(e)[:800]})
             replace(dom, run, snap, c.name)
             deadline = max(deadline, time.monotonic() + 300)
-
-
-def count_replaced(run, record):
-    """Counts a clone made again (results' clones_replaced) and saves the
-    count at once: the nested host that reset one often dies soon after
-    (RUNS.md, 2026-12-03), and a count kept until the next trial's save
-    would die with it."""
-    run.done.setdefault("clones_replaced", []).append(record)
-    run.save()
 
 
 def make_clone(dom, run, snap, name):
@@ -308,7 +299,7 @@ def make_clone(dom, run, snap, name):
             if attempt == REPLACEMENTS or not faulted:
                 raise
             say(f"{name}: the clone triple-faulted while it was made; making it again")
-            count_replaced(run, {"clone": name, "why": why[-800:]})
+            run.note_retry("clones_replaced", {"clone": name, "why": why[-800:]})
 
 
 def replace(dom, run, snap, name):
@@ -394,7 +385,7 @@ class Steps:
         and paused, counted in clones_replaced."""
         snap = template(self.dom, self.run)
         for c in clones:
-            count_replaced(self.run, {"clone": c.name, "when": "measured", "why": why[-800:]})
+            self.run.note_retry("clones_replaced", {"clone": c.name, "when": "measured", "why": why[-800:]})
             t0 = time.monotonic()
             make_clone(self.dom, self.run, snap, c.name)
             bring_up(self.dom, self.run, snap, c, t0 + 300, t0)
@@ -693,7 +684,9 @@ def _test():
         dom = Dom(d)
         saved = []
         run = types.SimpleNamespace(work=d, snap="snap", done={})
-        run.save = lambda: saved.append(len(run.done.get("clones_replaced", [])))
+        # run.py's Run.note_retry, with each save noted (how many were counted)
+        run.note_retry = lambda key, record: (run.done.setdefault(key, []).append(record),
+                                         saved.append(len(run.done[key])))
         steps = Steps(dom, run, "t")
         steps.clones = [Clone(dom, f"t-{i}") for i in (1, 2)]
         dom.restarts = {"t-1": 0, "t-2": 0}

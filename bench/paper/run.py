@@ -184,6 +184,14 @@ class Run:
     def save(self):
         report.save_json(self.out, self.done, 1)
 
+    def note_retry(self, key, record):
+        """Adds `record` to the retry list `key` (boots_retried,
+        clones_replaced) and saves at once: a nested host that resets a
+        guest often dies soon after (RUNS.md, 2026-12-03), and a count
+        kept until the next trial's save would die with it."""
+        self.done.setdefault(key, []).append(record)
+        self.save()
+
     def note_machine(self, name):
         """Records in `name`'s partial record which outer machine
         (tools/bench-paper's BENCH_OUTER) measured trials of it: a row's

@@ -297,4 +297,3 @@ def value(out, what):
     if v is None:
         raise RuntimeError(f"{what} printed no value: {out[-300:]!r}")
     return v
-
