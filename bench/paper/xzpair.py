@@ -5,7 +5,7 @@ behind QEMU on it, taking each ratio inside one nested host.
 Figure 3's record has Domus at 0.90 of QEMU on xz -9, every one of QEMU's
 five trials ahead of each of Domus's; the `xzmem` run that followed had
 Domus 8% ahead, and nothing measured in between tied the gap to Domus
-(NOTES.md). Nested hosts differ in speed by up to a quarter, and
+(DIAGNOSES.md). Nested hosts differ in speed by up to a quarter, and
 Figure 3's trials did not keep which host ran them, so a resumed record
 can set one VMM's trials from a fast host against the other's from a slow
 one. Here every trial records its nested host (run.trials's
