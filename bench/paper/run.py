@@ -7,13 +7,17 @@ on Domus, native Linux, QEMU and Cloud Hypervisor, in one nested host
   run.py report OUT.json [COMMAND]
   run.py seed RESULTS.json OUT.json
   run.py retried OUT.json
+  run.py progress OUT.json
   run.py selftest
 
 `report` writes results.json, results.md and the plots from OUT.json,
 adding COMMAND (the invocation that measured) to the commands it quotes.
 `seed` remakes OUT.json from a committed results.json (every trial is kept
 there), so a resumed run on a fresh clone keeps what was measured.
-`retried` counts one nested host that failed. `selftest` checks which
+`retried` counts one nested host that failed. `progress` prints how many
+trials OUT.json holds (`progress`), which tools/bench-paper compares before
+and after a nested host that failed: a trial is retried in a fresh host at
+most twice, however many trials before it did. `selftest` checks which
 recorded machines count as this one (run.on_this_machine).
 
 `measure` boots one Domus domain, one QEMU guest and one Cloud Hypervisor
@@ -618,6 +622,25 @@ def measure(out, only, quick):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def progress(done):
+    """How many trials `done` (run.py's record) holds, finished or partial:
+    every list of records (each a dict or a list: a trial's values, a
+    phase's tps of one trial) in its experiments, counted by length. Lists
+    of numbers or strings are settings (counts, weights) or machine names,
+    and do not count. Grows by at least one with each trial any experiment
+    saves; a retry's count (boots_retried, clones_replaced, retried) lies
+    outside the experiments and never moves it."""
+    def count(v):
+        if isinstance(v, dict):
+            return sum(count(x) for x in v.values())
+        if isinstance(v, list):
+            trials = len(v) if v and all(isinstance(x, (dict, list)) for x in v) else 0
+            return trials + sum(count(x) for x in v)
+        return 0
+
+    return count(done.get("experiments", {})) + count(done.get("partial", {}))
+
+
 def main():
     a = sys.argv[1:]
     if len(a) >= 2 and a[0] == "measure":
@@ -641,6 +664,12 @@ def main():
                 done = json.load(f)
         done["retried"] = done.get("retried", 0) + 1
         return report.save_json(a[1], done, 1)
+    if len(a) == 2 and a[0] == "progress":
+        done = {}
+        if os.path.exists(a[1]):
+            with open(a[1]) as f:
+                done = json.load(f)
+        return print(progress(done))
     if a == ["selftest"]:
         _test()
         return print("run: ok")
@@ -689,6 +718,21 @@ def _test():
         assert envs.boot(Resets(), r) == 1
         with open(os.path.join(d, "raw.json")) as f:
             assert [b["env"] for b in json.load(f)["boots_retried"]] == ["g"]
+    # Progress: each trial saved moves it, whatever the experiment's shape;
+    # settings, machines and retry counts do not.
+    rec = {"retried": 3, "boots_retried": [{"env": "g"}],
+           "experiments": {"fig3": {"runs": {"domus": [{"v": 1}, {"v": 2}]}, "quick": True}},
+           "partial": {"fig5": {"quick": True, "measured_on": ["m"],
+                                "runs": {"domains": 4, "phases": {"equal": {"weights": [256] * 4,
+                                                                            "tps": [], "windows": []}}}}}}
+    assert progress({}) == 0 and progress(rec) == 2
+    rec["partial"]["fig5"]["runs"]["phases"]["equal"]["tps"].append([80.0, 70.0, 85.0, 63.0])
+    assert progress(rec) == 3
+    rec["partial"]["scal"] = {"runs": {"counts": [1, 2], "runs": {"domus": {"1": [{"total": 486}]}}}}
+    assert progress(rec) == 4
+    rec["boots_retried"].append({"env": "qemu"})
+    rec["partial"]["scal"]["measured_on"] = ["m", "n"]
+    assert progress(rec) == 4
     # A run that measured nothing is not quoted as one that measured; the
     # next one is, once.
     raw = {"commands": ["a"], "measured_nothing": True}
