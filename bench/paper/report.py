@@ -495,12 +495,14 @@ def save_json(path, value, indent):
     os.replace(tmp, path)
 
 
-def seed(results, out):
+def seed(results, out, again=()):
     """Makes run.py's record `out` from a committed results.json, so that
     RESUME=1 on a fresh clone (no target/bench-paper/raw.json) keeps what
     was measured and the next report still shows it: each experiment's
     trials, at its size, finished or partial; the retry counts; the
-    commands that measured them."""
+    commands that measured them. The experiments named in `again` are
+    left out, to be measured afresh (`tools/bench-paper --only` without
+    RESUME=1: the others' records stay)."""
     with open(results) as f:
         doc = json.load(f)
     raw = {"machine": doc.get("machine", {}), "config": doc.get("config", {}),
@@ -524,4 +526,8 @@ def seed(results, out):
             if partial and exp.get("measured_on") and name != "fig3":
                 raw["partial"][x]["measured_on"] = exp["measured_on"]
     raw["partial"].update(doc.get("pending", {}))
+    for x in again:
+        raw["experiments"].pop(x, None)
+        raw["partial"].pop(x, None)
+        raw["measured_on"].pop(x, None)
     save_json(out, raw, 1)

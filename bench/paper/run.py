@@ -5,7 +5,7 @@ on Domus, native Linux, QEMU and Cloud Hypervisor, in one nested host
 
   run.py measure OUT.json [--only A,B] [--quick]
   run.py report OUT.json [COMMAND]
-  run.py seed RESULTS.json OUT.json
+  run.py seed RESULTS.json OUT.json [AGAIN]
   run.py retried OUT.json
   run.py progress OUT.json
   run.py selftest
@@ -13,7 +13,8 @@ on Domus, native Linux, QEMU and Cloud Hypervisor, in one nested host
 `report` writes results.json, results.md and the plots from OUT.json,
 adding COMMAND (the invocation that measured) to the commands it quotes.
 `seed` remakes OUT.json from a committed results.json (every trial is kept
-there), so a resumed run on a fresh clone keeps what was measured.
+there), so a resumed run on a fresh clone keeps what was measured; the
+experiments in AGAIN (A,B) are left out, to be measured afresh.
 `retried` counts one nested host that failed. `progress` prints how many
 trials OUT.json holds (`progress`), which tools/bench-paper compares before
 and after a nested host that failed: a trial is retried in a fresh host at
@@ -653,8 +654,8 @@ def main():
         return measure(a[1], only, "--quick" in a)
     if len(a) >= 2 and a[0] == "report":
         return report.report(a[1], " ".join(a[2:]) or None)
-    if len(a) == 3 and a[0] == "seed":
-        return report.seed(a[1], a[2])
+    if len(a) in (3, 4) and a[0] == "seed":
+        return report.seed(a[1], a[2], a[3].split(",") if len(a) == 4 else ())
     if len(a) == 2 and a[0] == "retried":
         # tools/bench-paper, after a nested host failed: counted in the
         # record, so a resumed run's results still count every retry.
@@ -733,6 +734,18 @@ def _test():
     rec["boots_retried"].append({"env": "qemu"})
     rec["partial"]["scal"]["measured_on"] = ["m", "n"]
     assert progress(rec) == 4
+    # `--only x` without RESUME=1: the record seeded from results.json
+    # without x, so the report keeps every other experiment's.
+    with tempfile.TemporaryDirectory() as d:
+        doc = {"experiments": {"x": {"runs": {"a": [{"v": 1}]}, "quick": True},
+                               "y": {"runs": {"a": [{"v": 2}]}, "quick": False}},
+               "measured_on": {"x": ["m"], "y": ["m"]}, "retried": 4}
+        report.save_json(os.path.join(d, "results.json"), doc, 1)
+        report.seed(os.path.join(d, "results.json"), os.path.join(d, "raw.json"), ["x"])
+        with open(os.path.join(d, "raw.json")) as f:
+            raw = json.load(f)
+        assert list(raw["experiments"]) == ["y"] and list(raw["measured_on"]) == ["y"]
+        assert raw["retried"] == 4
     # A run that measured nothing is not quoted as one that measured; the
     # next one is, once.
     raw = {"commands": ["a"], "measured_nothing": True}
