@@ -16,7 +16,7 @@ adding COMMAND (the invocation that measured) to the commands it quotes.
 there), so a resumed run on a fresh clone keeps what was measured; the
 experiments in AGAIN (A,B) are left out, to be measured afresh.
 `retried` counts one nested host that failed. `progress` prints how many
-trials OUT.json holds (`progress`), which tools/bench-paper compares before
+trials OUT.json holds, which tools/bench-paper compares before
 and after a nested host that failed: a trial is retried in a fresh host at
 most twice, however many trials before it did. `selftest` checks which
 recorded machines count as this one (run.on_this_machine).
@@ -464,10 +464,7 @@ def lacks(missing, count):
 
 def measure(out, only, quick):
     envs.CAPTURES = os.path.join(os.path.dirname(os.path.abspath(out)), "captures")
-    done = {}
-    if os.path.exists(out):
-        with open(out) as f:
-            done = json.load(f)
+    done = record(out)
     # Measured already at this size (an earlier --quick run's are measured
     # again at full size, and the reverse; each kept until its new run ends).
     had = done.get("experiments", {})
@@ -623,6 +620,14 @@ def measure(out, only, quick):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def record(path):
+    """run.py's record at `path`, or an empty one where no run saved one."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def progress(done):
     """How many trials `done` (run.py's record) holds, finished or partial:
     every list of records (each a dict or a list: a trial's values, a
@@ -659,18 +664,11 @@ def main():
     if len(a) == 2 and a[0] == "retried":
         # tools/bench-paper, after a nested host failed: counted in the
         # record, so a resumed run's results still count every retry.
-        done = {}
-        if os.path.exists(a[1]):
-            with open(a[1]) as f:
-                done = json.load(f)
+        done = record(a[1])
         done["retried"] = done.get("retried", 0) + 1
         return report.save_json(a[1], done, 1)
     if len(a) == 2 and a[0] == "progress":
-        done = {}
-        if os.path.exists(a[1]):
-            with open(a[1]) as f:
-                done = json.load(f)
-        return print(progress(done))
+        return print(progress(record(a[1])))
     if a == ["selftest"]:
         _test()
         return print("run: ok")
